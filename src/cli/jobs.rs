@@ -1,0 +1,390 @@
+//! `tocsin jobs ...`: put, get, delete, pause, resume, trigger and backfill jobs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Subcommand};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use crate::codec::{self, Framing};
+use crate::config::Config;
+use crate::kafka::partitioner::partition_for;
+use crate::model::job::{
+    DstGapPolicy, DstRepeatPolicy, HandlerKind, HandlerSpec, JobDefinition, MisfirePolicy,
+    OverlapPolicy, RetryPolicy, ScheduleSpec,
+};
+use crate::model::records::ControlRecord;
+use crate::model::validate::{validate, Limits};
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Create or replace a job (from flags, or from a JSON or TOML file with --file).
+    Put(PutArgs),
+    /// Print the latest definition of a job as JSON.
+    Get { id: String },
+    /// Delete a job (a tombstone on `jobs`): it never fires again.
+    Delete { id: String },
+    /// Stop firing a job until it is resumed.
+    Pause { id: String },
+    /// Resume a paused job; missed instants follow its misfire policy.
+    Resume { id: String },
+    /// Fire a job now, outside its schedule.
+    Trigger { id: String },
+    /// Fire every instant of a job's schedule in [--from, --to).
+    Backfill {
+        id: String,
+        /// ISO 8601 instant, e.g. 2026-01-01T00:00:00Z.
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    /// A JSON (.json) or TOML (.toml) file holding one job definition.
+    #[arg(long, conflicts_with_all = ["id", "cron", "every", "at"])]
+    pub file: Option<PathBuf>,
+    #[arg(long)]
+    pub id: Option<String>,
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    /// Cron expression with 5, 6 or 7 fields, e.g. "*/5 * * * * *".
+    #[arg(long, conflicts_with_all = ["every", "at"])]
+    pub cron: Option<String>,
+    /// IANA time zone of the cron expression.
+    #[arg(long, default_value = "UTC")]
+    pub zone: String,
+    /// Fixed interval, e.g. 500ms, 10s, 5m, 1h.
+    #[arg(long, conflicts_with = "at")]
+    pub every: Option<String>,
+    /// Phase anchor of --every (ISO 8601); instants are anchor + k * interval.
+    #[arg(long)]
+    pub anchor: Option<String>,
+    /// One-shot instant (ISO 8601).
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Handler: kafka, http, exec or custom.
+    #[arg(long, default_value = "kafka")]
+    pub handler: String,
+    /// Topic, URL, program or registered handler name.
+    #[arg(long, default_value = "")]
+    pub target: String,
+    #[arg(long, default_value = "")]
+    pub payload: String,
+    /// Arguments of an exec handler (repeat the flag).
+    #[arg(long = "arg")]
+    pub args: Vec<String>,
+    #[arg(long, default_value_t = 0)]
+    pub jitter_ms: u64,
+    #[arg(long)]
+    pub max_fires: Option<u64>,
+    /// fire_once, fire_all or skip.
+    #[arg(long, default_value = "fire_once")]
+    pub misfire: String,
+    /// allow, skip or buffer_one.
+    #[arg(long, default_value = "allow")]
+    pub overlap: String,
+    /// shift or skip.
+    #[arg(long, default_value = "shift")]
+    pub dst_gap: String,
+    /// once or twice.
+    #[arg(long, default_value = "once")]
+    pub dst_repeat: String,
+    #[arg(long, default_value_t = 3)]
+    pub max_attempts: u32,
+    #[arg(long, default_value_t = 300_000)]
+    pub timeout_ms: u64,
+    /// Validate and print the next 5 fire instants; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
+    let now = now_ms();
+    match command {
+        JobsCommand::Put(args) => {
+            let def = definition_from_args(args)?;
+            let limits = Limits {
+                max_payload_bytes: config.limits.max_payload_bytes,
+            };
+            let schedule = validate(&def, &limits, now)?;
+            if args.dry_run {
+                let mut t = now - 1;
+                for _ in 0..5 {
+                    let Some(next) = schedule.next_after(t) else {
+                        break;
+                    };
+                    let (utc, local) = schedule.describe_instant(next);
+                    println!("{utc} {local}");
+                    t = next;
+                }
+                return Ok(());
+            }
+            put(config, &def).await?;
+            println!("put {}", def.id);
+        }
+        JobsCommand::Get { id } => {
+            let def = get(config, id)?.ok_or_else(|| anyhow!("job {id:?} not found"))?;
+            println!("{}", serde_json::to_string_pretty(&def)?);
+        }
+        JobsCommand::Delete { id } => {
+            send(config, "jobs", id, None).await?;
+            println!("deleted {id}");
+        }
+        JobsCommand::Pause { id } | JobsCommand::Resume { id } => {
+            let paused = matches!(command, JobsCommand::Pause { .. });
+            let mut def = get(config, id)?.ok_or_else(|| anyhow!("job {id:?} not found"))?;
+            def.paused = paused;
+            def.revision += 1;
+            put(config, &def).await?;
+            println!("{} {id}", if paused { "paused" } else { "resumed" });
+        }
+        JobsCommand::Trigger { id } => {
+            let record = ControlRecord::Trigger { requested_ms: now };
+            send(
+                config,
+                "control",
+                id,
+                Some(codec::encode(&record, &Framing::SingleObject)),
+            )
+            .await?;
+            println!("triggered {id}");
+        }
+        JobsCommand::Backfill { id, from, to } => {
+            let record = ControlRecord::Backfill {
+                from_ms: parse_instant(from)?,
+                to_ms: parse_instant(to)?,
+            };
+            send(
+                config,
+                "control",
+                id,
+                Some(codec::encode(&record, &Framing::SingleObject)),
+            )
+            .await?;
+            println!("backfill requested for {id}");
+        }
+    }
+    Ok(())
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Writes a job definition to `jobs`, keyed by its id.
+pub async fn put(config: &Config, def: &JobDefinition) -> anyhow::Result<()> {
+    send(
+        config,
+        "jobs",
+        &def.id,
+        Some(codec::encode(def, &Framing::SingleObject)),
+    )
+    .await
+}
+
+async fn send(
+    config: &Config,
+    topic: &str,
+    key: &str,
+    value: Option<Vec<u8>>,
+) -> anyhow::Result<()> {
+    let producer: FutureProducer = crate::kafka::producer_config(config).create()?;
+    let topic = config.topic(topic);
+    let mut record = FutureRecord::<str, [u8]>::to(&topic).key(key);
+    if let Some(v) = &value {
+        record = record.payload(v);
+    }
+    producer
+        .send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| anyhow!("could not write to {topic}: {e}"))?;
+    Ok(())
+}
+
+/// The latest definition of a job, read from the one partition its id maps to.
+pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
+    let topic = config.topic("jobs");
+    let consumer: BaseConsumer =
+        crate::kafka::consumer_config(config, "tocsin-cli-get").create()?;
+    let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+    let partitions = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().len() as u32)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| anyhow!("topic {topic} does not exist; run `tocsin topics ensure`"))?;
+    let p = partition_for(id.as_bytes(), partitions) as i32;
+    let (low, high) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(10))?;
+    if high <= low {
+        return Ok(None);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, p, Offset::Offset(low))?;
+    consumer.assign(&tpl)?;
+    let mut latest: Option<Option<Vec<u8>>> = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let Some(m) = consumer.poll(Duration::from_millis(500)) else {
+            let pos = consumer.position()?;
+            let done = pos
+                .elements()
+                .first()
+                .and_then(|e| e.offset().to_raw())
+                .is_some_and(|o| o >= high);
+            if done || std::time::Instant::now() > deadline {
+                break;
+            }
+            continue;
+        };
+        let m = m?;
+        if m.key() == Some(id.as_bytes()) {
+            latest = Some(m.payload().map(<[u8]>::to_vec));
+        }
+        if m.offset() + 1 >= high {
+            break;
+        }
+    }
+    match latest.flatten() {
+        None => Ok(None),
+        Some(bytes) => {
+            Ok(Some(codec::decode(&bytes).with_context(|| {
+                format!("the latest record of job {id:?}")
+            })?))
+        }
+    }
+}
+
+pub fn parse_instant(s: &str) -> anyhow::Result<i64> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| {
+            anyhow!("invalid instant {s:?}: {e} (expected ISO 8601, e.g. 2026-01-01T00:00:00Z)")
+        })
+}
+
+/// Parses `500ms`, `10s`, `5m`, `1h`, `1d` (or a plain number of milliseconds).
+pub fn parse_duration_ms(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| {
+        anyhow!("invalid duration {s:?}: expected a number and a unit (ms, s, m, h, d)")
+    })?;
+    let factor = match unit {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => bail!("invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m, h or d)"),
+    };
+    Ok(n * factor)
+}
+
+fn parse_enum<T: serde::de::DeserializeOwned>(
+    flag: &str,
+    value: &str,
+    allowed: &str,
+) -> anyhow::Result<T> {
+    serde_json::from_value(serde_json::Value::String(value.to_owned()))
+        .map_err(|_| anyhow!("invalid --{flag} {value:?}: expected one of {allowed}"))
+}
+
+fn definition_from_args(a: &PutArgs) -> anyhow::Result<JobDefinition> {
+    if let Some(path) = &a.file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("could not read {}", path.display()))?;
+        let def: JobDefinition = match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => toml::from_str(&text)
+                .map_err(|e| anyhow!("invalid job file {}: {e}", path.display()))?,
+            _ => serde_json::from_str(&text)
+                .map_err(|e| anyhow!("invalid job file {}: {e}", path.display()))?,
+        };
+        return Ok(def);
+    }
+    let id =
+        a.id.clone()
+            .ok_or_else(|| anyhow!("--id is required (or --file)"))?;
+    let schedule = match (&a.cron, &a.every, &a.at) {
+        (Some(expr), None, None) => ScheduleSpec::Cron {
+            expr: expr.clone(),
+            zone: a.zone.clone(),
+        },
+        (None, Some(every), None) => ScheduleSpec::Interval {
+            every_ms: parse_duration_ms(every)?,
+            anchor_ms: a
+                .anchor
+                .as_deref()
+                .map(parse_instant)
+                .transpose()?
+                .unwrap_or(0),
+        },
+        (None, None, Some(at)) => ScheduleSpec::Once {
+            at_ms: parse_instant(at)?,
+        },
+        _ => bail!("give exactly one of --cron, --every or --at"),
+    };
+    let kind: HandlerKind = parse_enum("handler", &a.handler, "kafka, http, exec, custom")?;
+    Ok(JobDefinition {
+        id,
+        tenant: a.tenant.clone(),
+        schedule,
+        start_ms: None,
+        end_ms: None,
+        max_fires: a.max_fires,
+        jitter_ms: a.jitter_ms,
+        dst_gap: parse_enum::<DstGapPolicy>("dst-gap", &a.dst_gap, "shift, skip")?,
+        dst_repeat: parse_enum::<DstRepeatPolicy>("dst-repeat", &a.dst_repeat, "once, twice")?,
+        misfire: parse_enum::<MisfirePolicy>("misfire", &a.misfire, "fire_once, fire_all, skip")?,
+        catch_up_window_ms: crate::model::job::default_catch_up_window_ms(),
+        overlap: parse_enum::<OverlapPolicy>("overlap", &a.overlap, "allow, skip, buffer_one")?,
+        paused: false,
+        handler: HandlerSpec {
+            kind,
+            target: a.target.clone(),
+            payload: a.payload.clone().into_bytes(),
+            headers: Default::default(),
+            method: None,
+            args: a.args.clone(),
+        },
+        timeout_ms: a.timeout_ms,
+        retry: RetryPolicy {
+            max_attempts: a.max_attempts,
+            ..RetryPolicy::default()
+        },
+        labels: Default::default(),
+        revision: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_name_bad_values() {
+        assert_eq!(parse_duration_ms("500ms").unwrap(), 500);
+        assert_eq!(parse_duration_ms("10s").unwrap(), 10_000);
+        assert_eq!(parse_duration_ms("2m").unwrap(), 120_000);
+        let e = parse_duration_ms("5 parsecs").unwrap_err().to_string();
+        assert!(e.contains("5 parsecs"), "{e}");
+    }
+
+    #[test]
+    fn instants_parse_as_iso_8601() {
+        assert_eq!(parse_instant("1970-01-01T00:00:01Z").unwrap(), 1_000);
+        assert!(parse_instant("yesterday")
+            .unwrap_err()
+            .to_string()
+            .contains("yesterday"));
+    }
+}

@@ -1,0 +1,107 @@
+//! The `tocsin` binary: one clap command whose subcommands are the service roles and the
+//! operator's tools.
+
+mod dev;
+pub mod jobs;
+mod scheduler;
+mod topics;
+mod worker;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tocsin",
+    version,
+    about = "A Kafka-native distributed job scheduler"
+)]
+pub struct Cli {
+    /// TOML configuration file; environment variables override it, flags override both.
+    #[arg(long, global = true, env = "TOCSIN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Kafka bootstrap servers.
+    #[arg(long, global = true, env = "TOCSIN_BOOTSTRAP")]
+    pub bootstrap: Option<String>,
+    /// Prefix of every topic name [default: tocsin.]
+    #[arg(long, global = true, env = "TOCSIN_TOPIC_PREFIX")]
+    pub topic_prefix: Option<String>,
+    /// Log filter (tracing's env-filter syntax).
+    #[arg(long, global = true, env = "TOCSIN_LOG", default_value = "info")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create and inspect Tocsin's topics.
+    Topics {
+        #[command(subcommand)]
+        command: topics::TopicsCommand,
+    },
+    /// Put, inspect and control jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: jobs::JobsCommand,
+    },
+    /// Run a scheduler node.
+    Scheduler(scheduler::SchedulerArgs),
+    /// Run a worker of a pool on the tenant lanes.
+    Worker(worker::WorkerArgs),
+    /// A scheduler and a worker in one process, for trying Tocsin out.
+    Dev(dev::DevArgs),
+    /// Check configuration files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a configuration file and explain what is wrong with it.
+    Check { file: PathBuf },
+}
+
+impl Cli {
+    /// The effective configuration: file, then environment and flags (clap resolves those two).
+    pub fn load_config(&self) -> anyhow::Result<Config> {
+        let mut config = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        if let Some(b) = &self.bootstrap {
+            config.bootstrap = b.clone();
+        }
+        if let Some(p) = &self.topic_prefix {
+            config.topic_prefix = p.clone();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => {
+            let config = Config::from_file(file)?;
+            config
+                .validate()
+                .with_context(|| format!("invalid config file {}", file.display()))?;
+            println!("{}: ok", file.display());
+            Ok(())
+        }
+        Command::Topics { command } => topics::run(&cli.load_config()?, command).await,
+        Command::Jobs { command } => jobs::run(&cli.load_config()?, command).await,
+        Command::Scheduler(args) => scheduler::run(cli.load_config()?, args).await,
+        Command::Worker(args) => worker::run(cli.load_config()?, args).await,
+        Command::Dev(args) => dev::run(cli.load_config()?, args).await,
+    }
+}

@@ -1,0 +1,88 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::kafka::admin::{fleet_topics, Admin};
+use crate::worker::{self, Finished, HandlerResult, WorkerOptions};
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Worker pool: one consumer group per pool.
+    #[arg(long, env = "TOCSIN_POOL")]
+    pub pool: Option<String>,
+    /// Tenants whose lanes this pool serves, comma-separated, or `*` for every lane.
+    #[arg(long, env = "TOCSIN_LANES", value_delimiter = ',')]
+    pub lanes: Option<Vec<String>>,
+    /// Stable identity of this worker (its ledger directory) [default: the host name and pid]
+    #[arg(long, env = "TOCSIN_WORKER_ID")]
+    pub worker_id: Option<String>,
+    #[arg(long, env = "TOCSIN_WORKER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    #[arg(long)]
+    pub per_tenant_concurrency: Option<usize>,
+    /// Print every finished run on stdout.
+    #[arg(long)]
+    pub print_runs: bool,
+}
+
+impl WorkerArgs {
+    pub fn apply(&self, config: &mut Config) {
+        if let Some(p) = &self.pool {
+            config.worker.pool = p.clone();
+        }
+        if let Some(l) = &self.lanes {
+            config.worker.lanes = l.clone();
+        }
+        if let Some(d) = &self.data_dir {
+            config.worker.data_dir = d.clone();
+        }
+        if let Some(c) = self.concurrency {
+            config.worker.concurrency = c;
+        }
+        if let Some(c) = self.per_tenant_concurrency {
+            config.worker.per_tenant_concurrency = c;
+        }
+    }
+}
+
+/// One line per finished attempt.
+pub fn print_finished(f: &Finished) {
+    let scheduled = chrono::DateTime::from_timestamp_millis(f.run.scheduled_ms)
+        .map(|t| t.format("%H:%M:%S%.3f").to_string())
+        .unwrap_or_default();
+    let (outcome, detail) = match &f.result {
+        HandlerResult::Succeeded { output } => ("ok", output.trim_end().to_owned()),
+        HandlerResult::Failed { error, .. } => ("failed", error.clone()),
+    };
+    println!(
+        "run {scheduled} {:<16} tenant={} attempt={} {outcome} in {} ms: {detail}",
+        f.run.job_id, f.run.tenant, f.run.attempt, f.duration_ms
+    );
+}
+
+pub async fn run(mut config: Config, args: &WorkerArgs) -> anyhow::Result<()> {
+    args.apply(&mut config);
+    config.validate()?;
+    Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;
+    let id = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let mut opts = WorkerOptions::new(id);
+    if args.print_runs {
+        opts.on_finished = Some(Arc::new(print_finished));
+    }
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        super::scheduler::wait_for_signal().await;
+        signals.cancel();
+    });
+    worker::run(config, opts, crate::scheduler::system_clock(), shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! Topic administration: create what is missing, verify what exists, never alter or delete.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("kafka admin request failed: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("could not create topic {topic}: {code}")]
+    Create {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+    #[error("{}", .0.join("; "))]
+    Mismatch(Vec<String>),
+    #[error("topic {topic} did not show up in broker metadata with {partitions} partitions within {waited:?}")]
+    NotVisible {
+        topic: String,
+        partitions: u32,
+        waited: Duration,
+    },
+}
+
+pub type Result<T, E = AdminError> = std::result::Result<T, E>;
+
+/// Cleanup policy of a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleanup {
+    Compact,
+    Delete,
+}
+
+impl Cleanup {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cleanup::Compact => "compact",
+            Cleanup::Delete => "delete",
+        }
+    }
+}
+
+/// A topic as Tocsin needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub partitions: u32,
+    pub cleanup: Cleanup,
+}
+
+/// What `ensure` did for one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    Created,
+    Existed,
+}
+
+/// The topics of DESIGN §1 that are not per tenant.
+pub fn fleet_topics(config: &Config) -> Vec<TopicSpec> {
+    let t = &config.topics;
+    let spec = |name: &str, partitions, cleanup| TopicSpec {
+        name: config.topic(name),
+        partitions,
+        cleanup,
+    };
+    vec![
+        spec("jobs", t.job_partitions, Cleanup::Compact),
+        spec("timers", t.job_partitions, Cleanup::Compact),
+        spec("control", t.job_partitions, Cleanup::Delete),
+        spec("runs", t.runs_partitions, Cleanup::Delete),
+        spec("dead", t.dead_partitions, Cleanup::Delete),
+        spec("jobs.rejected", t.rejected_partitions, Cleanup::Delete),
+    ]
+}
+
+/// The lane topic of one tenant.
+pub fn lane_topic(config: &Config, tenant: &str) -> TopicSpec {
+    TopicSpec {
+        name: config.lane_topic(tenant),
+        partitions: config.topics.lane_partitions,
+        cleanup: Cleanup::Delete,
+    }
+}
+
+/// A topic as the broker has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub partitions: u32,
+    pub cleanup_policy: String,
+}
+
+pub struct Admin {
+    client: AdminClient<DefaultClientContext>,
+    replication: i32,
+    timeout: Duration,
+}
+
+impl Admin {
+    pub fn new(config: &Config) -> Result<Admin> {
+        let client = crate::kafka::base_config(config).create()?;
+        Ok(Admin {
+            client,
+            replication: config.topics.replication_factor,
+            timeout: Duration::from_secs(30),
+        })
+    }
+
+    /// Partition counts of every topic the broker has, by name.
+    pub fn partition_counts(&self) -> Result<BTreeMap<String, u32>> {
+        // A blocking call: fine for the CLI, and the scheduler calls it from its own thread.
+        let md = self.client.inner().fetch_metadata(None, self.timeout)?;
+        Ok(md
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| (t.name().to_owned(), t.partitions().len() as u32))
+            .collect())
+    }
+
+    /// The `cleanup.policy` of each named topic.
+    pub async fn cleanup_policies(&self, topics: &[&str]) -> Result<BTreeMap<String, String>> {
+        if topics.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let specifiers: Vec<ResourceSpecifier> =
+            topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
+        let results = self.client.describe_configs(&specifiers, &opts).await?;
+        let mut out = BTreeMap::new();
+        for (topic, result) in topics.iter().zip(results) {
+            let resource = result.map_err(|code| AdminError::Create {
+                topic: topic.to_string(),
+                code,
+            })?;
+            let policy = resource
+                .get("cleanup.policy")
+                .and_then(|e| e.value.clone())
+                .unwrap_or_default();
+            out.insert(topic.to_string(), policy);
+        }
+        Ok(out)
+    }
+
+    /// Describes the topics that exist under a prefix.
+    pub async fn describe(&self, prefix: &str) -> Result<Vec<TopicInfo>> {
+        let counts = self.partition_counts()?;
+        let names: Vec<&str> = counts
+            .keys()
+            .filter(|n| n.starts_with(prefix))
+            .map(String::as_str)
+            .collect();
+        let policies = self.cleanup_policies(&names).await?;
+        Ok(names
+            .iter()
+            .map(|n| TopicInfo {
+                name: n.to_string(),
+                partitions: counts[*n],
+                cleanup_policy: policies.get(*n).cloned().unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Creates every topic that is missing and verifies the others. A topic that exists with
+    /// another partition count or cleanup policy is an error naming what was found and what is
+    /// needed; nothing is altered. Returns once broker metadata shows every topic as asked.
+    pub async fn ensure(&self, specs: &[TopicSpec]) -> Result<Vec<(TopicSpec, Ensured)>> {
+        let counts = self.partition_counts()?;
+        let existing: Vec<&TopicSpec> = specs
+            .iter()
+            .filter(|s| counts.contains_key(&s.name))
+            .collect();
+        let names: Vec<&str> = existing.iter().map(|s| s.name.as_str()).collect();
+        let policies = self.cleanup_policies(&names).await?;
+        let mut problems = Vec::new();
+        for spec in &existing {
+            let found = counts[&spec.name];
+            if found != spec.partitions {
+                problems.push(format!(
+                    "topic {} has {} partitions but needs {}",
+                    spec.name, found, spec.partitions
+                ));
+            }
+            let policy = policies.get(&spec.name).map(String::as_str).unwrap_or("");
+            if !policy_matches(policy, spec.cleanup) {
+                problems.push(format!(
+                    "topic {} has cleanup.policy={} but needs cleanup.policy={}",
+                    spec.name,
+                    policy,
+                    spec.cleanup.as_str()
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(AdminError::Mismatch(problems));
+        }
+
+        let missing: Vec<&TopicSpec> = specs
+            .iter()
+            .filter(|s| !counts.contains_key(&s.name))
+            .collect();
+        let mut created = Vec::new();
+        if !missing.is_empty() {
+            let new_topics: Vec<NewTopic> = missing
+                .iter()
+                .map(|s| {
+                    NewTopic::new(
+                        &s.name,
+                        s.partitions as i32,
+                        TopicReplication::Fixed(self.replication),
+                    )
+                    .set("cleanup.policy", s.cleanup.as_str())
+                })
+                .collect();
+            let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+            for result in self.client.create_topics(&new_topics, &opts).await? {
+                match result {
+                    Ok(name) => created.push(name),
+                    // Another node created it between our look and our create: verify below.
+                    Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                    Err((topic, code)) => return Err(AdminError::Create { topic, code }),
+                }
+            }
+        }
+        self.wait_visible(specs).await?;
+        if created.len() < missing.len() {
+            // Raced with another creator: check what it made, as for any existing topic.
+            let raced: Vec<TopicSpec> = missing
+                .iter()
+                .filter(|s| !created.contains(&s.name))
+                .map(|s| (*s).clone())
+                .collect();
+            Box::pin(self.ensure(&raced)).await?;
+        }
+        Ok(specs
+            .iter()
+            .map(|s| {
+                let how = if created.contains(&s.name) {
+                    Ensured::Created
+                } else {
+                    Ensured::Existed
+                };
+                (s.clone(), how)
+            })
+            .collect())
+    }
+
+    async fn wait_visible(&self, specs: &[TopicSpec]) -> Result<()> {
+        let started = Instant::now();
+        let limit = Duration::from_secs(60);
+        loop {
+            let counts = self.partition_counts()?;
+            let pending = specs
+                .iter()
+                .find(|s| counts.get(&s.name).copied() != Some(s.partitions));
+            match pending {
+                None => return Ok(()),
+                Some(s) if started.elapsed() > limit => {
+                    return Err(AdminError::NotVisible {
+                        topic: s.name.clone(),
+                        partitions: s.partitions,
+                        waited: started.elapsed(),
+                    })
+                }
+                Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+/// `cleanup.policy` is a list; a compacted topic may also be `compact,delete`.
+fn policy_matches(found: &str, want: Cleanup) -> bool {
+    let mut parts: Vec<&str> = found.split(',').map(str::trim).collect();
+    parts.sort_unstable();
+    match want {
+        Cleanup::Compact => parts == ["compact"],
+        Cleanup::Delete => parts == ["delete"],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleanup_policy_lists_compare_exactly() {
+        assert!(policy_matches("compact", Cleanup::Compact));
+        assert!(policy_matches("delete", Cleanup::Delete));
+        assert!(!policy_matches("compact,delete", Cleanup::Compact));
+        assert!(!policy_matches("delete", Cleanup::Compact));
+    }
+
+    #[test]
+    fn fleet_topics_follow_the_design() {
+        let specs = fleet_topics(&Config::default());
+        let jobs = specs.iter().find(|s| s.name == "tocsin.jobs").unwrap();
+        assert_eq!((jobs.partitions, jobs.cleanup), (1024, Cleanup::Compact));
+        let timers = specs.iter().find(|s| s.name == "tocsin.timers").unwrap();
+        assert_eq!(
+            (timers.partitions, timers.cleanup),
+            (1024, Cleanup::Compact)
+        );
+        let control = specs.iter().find(|s| s.name == "tocsin.control").unwrap();
+        assert_eq!(
+            (control.partitions, control.cleanup),
+            (1024, Cleanup::Delete)
+        );
+    }
+}

@@ -1,0 +1,1097 @@
+//! The firing engine of one scheduler node: one thread that owns the group consumer, the
+//! transactional producer and the RocksDB store, so no state is shared and no transaction is
+//! ever open while the consumer is polled (rebalance callbacks run inside poll, so a partition
+//! is only ever given back between transactions).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::fair::interleave_by_tenant;
+use super::fire::{self, FireLimits};
+use super::store::{encode_timer, Checkpoint, DueEntry, Store};
+use super::{NodeStatus, NowFn, SchedulerError};
+use crate::codec::{self, Framing};
+use crate::config::Config;
+use crate::kafka::admin::{lane_topic, Admin};
+use crate::model::job::JobDefinition;
+use crate::model::records::{run_id, ControlRecord, Run, RunEvent, RunEventKind, TimerState};
+use crate::model::schedule::Schedule;
+use crate::model::validate::{validate, Limits};
+
+type Result<T, E = SchedulerError> = std::result::Result<T, E>;
+
+/// Keys on `timers` that start with 0x00 are restore barriers, never job ids (validation
+/// rejects control characters in ids).
+const BARRIER_PREFIX: &[u8] = b"\0barrier/";
+/// A checkpoint older than this is not trusted: compaction may since have removed tombstones
+/// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
+const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
+const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most due entries gathered in one scan of the bucket index.
+const SCAN_LIMIT: usize = 200_000;
+
+/// Rebalance events, recorded inside poll and handled right after it returns.
+#[derive(Default)]
+struct GroupContext {
+    events: Mutex<Vec<(bool, Vec<(String, i32)>)>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                // Nothing of a new partition is processed before its timers are restored.
+                if let Err(e) = consumer.pause(tpl) {
+                    warn!(error = %e, "could not pause newly assigned partitions");
+                }
+                self.events.lock().unwrap().push((true, list(tpl)));
+            }
+            Rebalance::Revoke(tpl) => self.events.lock().unwrap().push((false, list(tpl))),
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+}
+
+fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+/// Offsets of `timers` records as the broker acknowledged them, for checkpoints.
+#[derive(Default)]
+struct DeliveryContext {
+    timers_topic: String,
+    delivered: Mutex<HashMap<i32, i64>>,
+    failed: Mutex<Option<String>>,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) if m.topic() == self.timers_topic => {
+                let mut d = self.delivered.lock().unwrap();
+                let e = d.entry(m.partition()).or_insert(-1);
+                *e = (*e).max(m.offset());
+            }
+            Ok(_) => {}
+            Err((e, m)) => {
+                *self.failed.lock().unwrap() =
+                    Some(format!("delivery to {} failed: {e}", m.topic()));
+            }
+        }
+    }
+}
+
+enum Phase {
+    Restoring {
+        token: String,
+        barrier_written: bool,
+        buffered: Vec<OwnedMessage>,
+    },
+    Active,
+}
+
+struct Topics {
+    jobs: String,
+    timers: String,
+    control: String,
+    runs: String,
+    rejected: String,
+}
+
+pub struct Engine {
+    config: Config,
+    node_id: String,
+    now: NowFn,
+    status: Arc<NodeStatus>,
+    store: Store,
+    producer: BaseProducer<DeliveryContext>,
+    group: BaseConsumer<GroupContext>,
+    restorer: BaseConsumer,
+    admin: Admin,
+    runtime: tokio::runtime::Handle,
+    topics: Topics,
+    parts: BTreeMap<i32, Phase>,
+    /// Next offset to commit per (topic, partition), as of the last committed transaction.
+    committed: HashMap<(String, i32), i64>,
+    schedules: HashMap<String, Arc<Schedule>>,
+    lanes: HashSet<String>,
+    assignments: u64,
+    limits: Limits,
+}
+
+/// Changes of one transaction, applied to RocksDB only after it commits.
+struct Txn {
+    batch: super::store::Batch,
+    overlay: HashMap<(i32, String), Option<TimerState>>,
+    positions: BTreeMap<(String, i32), i64>,
+    fired_partitions: BTreeSet<i32>,
+    runs: u64,
+}
+
+impl Engine {
+    pub fn new(
+        config: Config,
+        node_id: String,
+        now: NowFn,
+        status: Arc<NodeStatus>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Engine> {
+        let dir = config.scheduler.data_dir.join(&node_id);
+        std::fs::create_dir_all(&dir).map_err(|e| SchedulerError::DataDir {
+            path: dir.clone(),
+            source: e,
+        })?;
+        let store = Store::open(&dir)?;
+        let topics = Topics {
+            jobs: config.topic("jobs"),
+            timers: config.topic("timers"),
+            control: config.topic("control"),
+            runs: config.topic("runs"),
+            rejected: config.topic("jobs.rejected"),
+        };
+        let producer = new_producer(&config, &node_id, &topics.timers)?;
+
+        let mut gc = crate::kafka::consumer_config(&config, &config.scheduler.group_id);
+        gc.set("client.id", format!("tocsin-scheduler-{node_id}"));
+        gc.set("group.protocol", "consumer");
+        // The broker's range assignor gives partition p of `jobs` and of `control` to the
+        // same member: the two topics are co-partitioned.
+        gc.set("group.remote.assignor", "range");
+        gc.set("fetch.wait.max.ms", "50");
+        if config.scheduler.static_membership {
+            gc.set("group.instance.id", format!("tocsin-scheduler-{node_id}"));
+        }
+        for (k, v) in &config.kafka {
+            gc.set(k, v);
+        }
+        let group: BaseConsumer<GroupContext> = gc.create_with_context(GroupContext::default())?;
+
+        let mut rc = crate::kafka::consumer_config(&config, "tocsin-restore-unused");
+        rc.set("client.id", format!("tocsin-restore-{node_id}"));
+        rc.set("fetch.wait.max.ms", "50");
+        let restorer: BaseConsumer = rc.create()?;
+
+        let admin = Admin::new(&config)?;
+        let limits = Limits {
+            max_payload_bytes: config.limits.max_payload_bytes,
+        };
+        Ok(Engine {
+            config,
+            node_id,
+            now,
+            status,
+            store,
+            producer,
+            group,
+            restorer,
+            admin,
+            runtime,
+            topics,
+            parts: BTreeMap::new(),
+            committed: HashMap::new(),
+            schedules: HashMap::new(),
+            lanes: HashSet::new(),
+            assignments: 0,
+            limits,
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled. Never returns with a transaction open.
+    pub fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        self.init_transactions(&shutdown)?;
+        self.group
+            .subscribe(&[&self.topics.jobs, &self.topics.control])?;
+        info!(node = %self.node_id, "scheduler joined the group");
+        let tick = self.config.scheduler.tick_ms as i64;
+        let mut next_tick = ((self.now)() / tick + 1) * tick;
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            let step = self.step(&mut next_tick, tick);
+            match step {
+                Ok(()) => backoff = Duration::from_millis(100),
+                Err(e) => {
+                    self.status.ready.store(false, Ordering::Relaxed);
+                    warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "scheduler step failed; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    if let Err(e) = self.recover(&e) {
+                        error!(error = %e, "could not recover the producer");
+                    }
+                }
+            }
+        }
+        info!(node = %self.node_id, "scheduler stopping");
+        self.group.unsubscribe();
+        // Serve the revocation so the group hands our partitions on at once.
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            let _ = self.group.poll(Duration::from_millis(50));
+            self.events();
+            if self.parts.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn init_transactions(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match self.producer.init_transactions(TXN_TIMEOUT) {
+                Ok(()) => return Ok(()),
+                Err(e) if !shutdown.is_cancelled() => {
+                    warn!(error = %e, "init_transactions failed; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    if is_fatal(&e) {
+                        self.producer =
+                            new_producer(&self.config, &self.node_id, &self.topics.timers)?;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn step(&mut self, next_tick: &mut i64, tick: i64) -> Result<()> {
+        let now = (self.now)();
+        let wait = (*next_tick - now).clamp(0, 50) as u64;
+        let batch = self.poll_group(Duration::from_millis(wait))?;
+        self.write_barriers()?;
+        self.poll_restore()?;
+        if !batch.is_empty() {
+            self.transact(batch, &[])?;
+        }
+        let now = (self.now)();
+        if now >= *next_tick {
+            self.fire_tick(now)?;
+            *next_tick = ((self.now)() / tick + 1) * tick;
+        }
+        let active = self
+            .parts
+            .values()
+            .filter(|p| matches!(p, Phase::Active))
+            .count();
+        self.status.owned.store(self.parts.len(), Ordering::Relaxed);
+        self.status.active.store(active, Ordering::Relaxed);
+        self.status
+            .ready
+            .store(active == self.parts.len(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Polls the group for up to `wait`; returns the records of Active partitions, buffers
+    /// those of Restoring ones.
+    fn poll_group(&mut self, wait: Duration) -> Result<Vec<OwnedMessage>> {
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.group.poll(left) {
+                Some(Ok(m)) => {
+                    let m = m.detach();
+                    match self.parts.get_mut(&m.partition()) {
+                        Some(Phase::Active) => out.push(m),
+                        Some(Phase::Restoring { buffered, .. }) => buffered.push(m),
+                        None => {}
+                    }
+                }
+                Some(Err(e)) => warn!(error = %e, "consumer error"),
+                None => {}
+            }
+            let revoked = self.events();
+            if !revoked.is_empty() {
+                out.retain(|m| !revoked.contains(&m.partition()));
+            }
+            if out.len() >= 10_000 || Instant::now() >= deadline {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Handles recorded rebalance events; returns the partitions given up.
+    fn events(&mut self) -> Vec<i32> {
+        let events = std::mem::take(&mut *self.group.context().events.lock().unwrap());
+        let mut revoked = Vec::new();
+        for (assigned, parts) in events {
+            let of = |topic: &str| -> Vec<i32> {
+                parts
+                    .iter()
+                    .filter(|(t, _)| t == topic)
+                    .map(|(_, p)| *p)
+                    .collect()
+            };
+            let (jobs, control) = (of(&self.topics.jobs), of(&self.topics.control));
+            if assigned {
+                info!(jobs = ?jobs, control = ?control, "assigned partitions");
+                if jobs != control {
+                    // Range assignment co-partitions the two topics; a split means a control
+                    // partition whose timers live elsewhere: it stays paused here.
+                    warn!(jobs = ?jobs, control = ?control, "jobs and control are not co-partitioned");
+                }
+            } else {
+                info!(jobs = ?jobs, control = ?control, "revoked partitions");
+            }
+            for (topic, p) in parts {
+                if topic != self.topics.jobs {
+                    continue; // `control` p follows `jobs` p
+                }
+                if assigned {
+                    self.start_restore(p);
+                } else {
+                    self.release(p);
+                    revoked.push(p);
+                }
+            }
+        }
+        revoked
+    }
+
+    fn start_restore(&mut self, p: i32) {
+        self.assignments += 1;
+        let now = (self.now)();
+        let from = match self.store.checkpoint(p as u16) {
+            Ok(Some(Checkpoint { offset, written_ms }))
+                if now - written_ms < CHECKPOINT_MAX_AGE_MS =>
+            {
+                Offset::Offset(offset)
+            }
+            _ => {
+                if let Err(e) = self.store.clear_partition(p as u16) {
+                    error!(partition = p, error = %e, "could not clear partition state");
+                }
+                Offset::Beginning
+            }
+        };
+        let token = format!("{}/{}/{}/{}", self.node_id, self.assignments, p, now);
+        let mut tpl = TopicPartitionList::new();
+        if let Err(e) = tpl.add_partition_offset(&self.topics.timers, p, from) {
+            error!(partition = p, error = %e, "bad restore offset");
+        }
+        if let Err(e) = self.restorer.incremental_assign(&tpl) {
+            error!(partition = p, error = %e, "could not assign timers partition for restore");
+        }
+        info!(partition = p, from = ?from, "restoring partition");
+        self.parts.insert(
+            p,
+            Phase::Restoring {
+                token,
+                barrier_written: false,
+                buffered: Vec::new(),
+            },
+        );
+    }
+
+    fn release(&mut self, p: i32) {
+        if let Some(phase) = self.parts.remove(&p) {
+            if matches!(phase, Phase::Restoring { .. }) {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&self.topics.timers, p);
+                let _ = self.restorer.incremental_unassign(&tpl);
+            }
+            info!(partition = p, "released partition");
+        }
+        self.committed.remove(&(self.topics.jobs.clone(), p));
+        self.committed.remove(&(self.topics.control.clone(), p));
+    }
+
+    /// One fenced transaction per batch of newly assigned partitions writes a barrier record
+    /// to each of their `timers` partitions. Reading our own barrier back in `read_committed`
+    /// proves every earlier transaction on that partition (a previous owner's included) has
+    /// been committed or aborted and replayed.
+    fn write_barriers(&mut self) -> Result<()> {
+        let pending: Vec<(i32, String)> = self
+            .parts
+            .iter()
+            .filter_map(|(p, phase)| match phase {
+                Phase::Restoring {
+                    token,
+                    barrier_written: false,
+                    ..
+                } => Some((*p, token.clone())),
+                _ => None,
+            })
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, _) in &pending {
+            tpl.add_partition(&self.topics.jobs, *p);
+            tpl.add_partition(&self.topics.control, *p);
+        }
+        let committed = self.group.committed_offsets(tpl, TXN_TIMEOUT)?;
+        let mut offsets = TopicPartitionList::new();
+        for e in committed.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                offsets.add_partition_offset(e.topic(), e.partition(), Offset::Offset(o))?;
+                self.committed
+                    .insert((e.topic().to_owned(), e.partition()), o);
+            }
+        }
+        self.producer.begin_transaction()?;
+        let key = [BARRIER_PREFIX, self.node_id.as_bytes()].concat();
+        for (p, token) in &pending {
+            let record = BaseRecord::to(&self.topics.timers)
+                .partition(*p)
+                .key(&key)
+                .payload(token.as_bytes());
+            if let Err((e, _)) = self.producer.send(record) {
+                self.abort();
+                return Err(e.into());
+            }
+        }
+        if let Err(e) = self.commit(&offsets) {
+            self.abort();
+            return Err(e);
+        }
+        for (p, _) in &pending {
+            if let Some(Phase::Restoring {
+                barrier_written, ..
+            }) = self.parts.get_mut(p)
+            {
+                *barrier_written = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, offsets: &TopicPartitionList) -> Result<()> {
+        if offsets.count() > 0 {
+            let meta = self
+                .group
+                .group_metadata()
+                .ok_or(SchedulerError::NoGroupMetadata)?;
+            self.producer
+                .send_offsets_to_transaction(offsets, &meta, TXN_TIMEOUT)?;
+        }
+        self.producer.commit_transaction(TXN_TIMEOUT)?;
+        if let Some(e) = self.producer.context().failed.lock().unwrap().take() {
+            return Err(SchedulerError::Delivery(e));
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        if let Err(e) = self.producer.abort_transaction(TXN_TIMEOUT) {
+            warn!(error = %e, "abort_transaction failed");
+        }
+        self.producer.context().delivered.lock().unwrap().clear();
+        self.producer.context().failed.lock().unwrap().take();
+    }
+
+    /// After a failed step: a fatal producer error means a new producer.
+    fn recover(&mut self, e: &SchedulerError) -> Result<()> {
+        if let SchedulerError::Kafka(k) = e {
+            if is_fatal(k) {
+                warn!("producer in a fatal state; recreating it");
+                self.producer = new_producer(&self.config, &self.node_id, &self.topics.timers)?;
+                self.producer.init_transactions(TXN_TIMEOUT)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
+    fn poll_restore(&mut self) -> Result<()> {
+        if !self
+            .parts
+            .values()
+            .any(|p| matches!(p, Phase::Restoring { .. }))
+        {
+            return Ok(());
+        }
+        let mut batch = self.store.batch();
+        let mut overlay: HashMap<(i32, String), Option<i64>> = HashMap::new();
+        let mut checkpoints: HashMap<i32, i64> = HashMap::new();
+        let mut done = Vec::new();
+        let started = Instant::now();
+        let mut n = 0;
+        while n < 50_000 && started.elapsed() < Duration::from_millis(100) {
+            let Some(m) = self
+                .restorer
+                .poll(Duration::from_millis(if n == 0 { 20 } else { 0 }))
+            else {
+                break;
+            };
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "restore consumer error");
+                    break;
+                }
+            };
+            n += 1;
+            let p = m.partition();
+            checkpoints.insert(p, m.offset() + 1);
+            let Some(Phase::Restoring { token, .. }) = self.parts.get(&p) else {
+                continue;
+            };
+            let key = m.key().unwrap_or_default();
+            if key.starts_with(BARRIER_PREFIX) {
+                if m.payload() == Some(token.as_bytes()) {
+                    done.push(p);
+                }
+                continue;
+            }
+            let job = String::from_utf8_lossy(key).into_owned();
+            self.schedules.remove(&job);
+            let old_wake = match overlay.get(&(p, job.clone())) {
+                Some(w) => *w,
+                None => self
+                    .store
+                    .timer(p as u16, &job)?
+                    .as_ref()
+                    .and_then(fire::wake_at),
+            };
+            match m.payload() {
+                None => {
+                    batch.delete_timer(&self.store, p as u16, &job, old_wake);
+                    overlay.insert((p, job), None);
+                }
+                Some(bytes) => match codec::decode::<TimerState>(bytes) {
+                    Ok(state) => {
+                        let wake = fire::wake_at(&state);
+                        batch.put_timer(&self.store, p as u16, &state, bytes, old_wake, wake);
+                        overlay.insert((p, job), wake);
+                    }
+                    Err(e) => error!(partition = p, offset = m.offset(), job = %job, error = %e,
+                        "undecodable timer state on the changelog; skipped"),
+                },
+            }
+        }
+        let now = (self.now)();
+        for (p, offset) in checkpoints {
+            batch.set_checkpoint(
+                &self.store,
+                p as u16,
+                Checkpoint {
+                    offset,
+                    written_ms: now,
+                },
+            );
+        }
+        self.store.write(batch)?;
+        for p in done {
+            self.activate(p)?;
+        }
+        Ok(())
+    }
+
+    fn activate(&mut self, p: i32) -> Result<()> {
+        let Some(Phase::Restoring { buffered, .. }) = self.parts.insert(p, Phase::Active) else {
+            return Ok(());
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topics.timers, p);
+        self.restorer.incremental_unassign(&tpl)?;
+        info!(
+            partition = p,
+            timers = self.store.count_timers(p as u16),
+            "partition active"
+        );
+        if !buffered.is_empty() {
+            self.transact(buffered, &[])?;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.topics.jobs, p);
+        tpl.add_partition(&self.topics.control, p);
+        self.group.resume(&tpl)?;
+        Ok(())
+    }
+
+    /// Fires everything due at `now` in Active partitions, fairly across tenants, in bounded
+    /// transactions.
+    fn fire_tick(&mut self, now: i64) -> Result<()> {
+        let active: Vec<i32> = self
+            .parts
+            .iter()
+            .filter(|(_, ph)| matches!(ph, Phase::Active))
+            .map(|(p, _)| *p)
+            .collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        // Two rounds at most: the second picks up what the scan limit left behind.
+        for _ in 0..2 {
+            let mut due = Vec::new();
+            let per_partition = (SCAN_LIMIT / active.len()).max(1_000);
+            for p in &active {
+                self.store.due(*p as u16, now, per_partition, &mut due)?;
+            }
+            if due.is_empty() {
+                return Ok(());
+            }
+            let truncated = due.len() >= SCAN_LIMIT;
+            let ordered = interleave_by_tenant(due);
+            for chunk in ordered.chunks(self.config.scheduler.max_runs_per_transaction) {
+                self.transact(Vec::new(), chunk)?;
+                // Keep serving the group between chunks of a herd.
+                let more = self.poll_group(Duration::ZERO)?;
+                if !more.is_empty() {
+                    self.transact(more, &[])?;
+                }
+            }
+            if !truncated {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// One transaction: apply consumed `jobs`/`control` records and fire due entries, commit
+    /// the consumed positions with it (the fence), then apply the RocksDB batch.
+    fn transact(&mut self, records: Vec<OwnedMessage>, due: &[DueEntry]) -> Result<()> {
+        let now = (self.now)();
+        let started = Instant::now();
+        self.producer.begin_transaction()?;
+        let mut txn = Txn {
+            batch: self.store.batch(),
+            overlay: HashMap::new(),
+            positions: BTreeMap::new(),
+            fired_partitions: BTreeSet::new(),
+            runs: 0,
+        };
+        let result = self.fill(&mut txn, &records, due, now).and_then(|()| {
+            let offsets = self.fence_offsets(&txn)?;
+            self.commit(&offsets)
+        });
+        let elapsed = started.elapsed();
+        debug!(
+            records = records.len(),
+            due = due.len(),
+            runs = txn.runs,
+            elapsed_ms = elapsed.as_millis() as u64,
+            ok = result.is_ok(),
+            "transaction"
+        );
+        match result {
+            Ok(()) => {
+                let delivered =
+                    std::mem::take(&mut *self.producer.context().delivered.lock().unwrap());
+                for (p, offset) in delivered {
+                    txn.batch.set_checkpoint(
+                        &self.store,
+                        p as u16,
+                        Checkpoint {
+                            offset: offset + 1,
+                            written_ms: now,
+                        },
+                    );
+                }
+                self.store.write(txn.batch)?;
+                for (tp, o) in txn.positions {
+                    self.committed.insert(tp, o);
+                }
+                self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
+                metrics::counter!("tocsin_runs_fired_total").increment(txn.runs);
+                Ok(())
+            }
+            Err(e) => {
+                self.abort();
+                // The consumed records will be read again.
+                for (topic, p) in txn.positions.keys() {
+                    let to = self
+                        .committed
+                        .get(&(topic.clone(), *p))
+                        .map_or(Offset::Beginning, |o| Offset::Offset(*o));
+                    if let Err(e) = self.group.seek(topic, *p, to, Duration::from_secs(5)) {
+                        debug!(topic = %topic, partition = p, error = %e, "seek after abort failed");
+                    }
+                }
+                for (_, job) in txn.overlay.keys() {
+                    self.schedules.remove(job);
+                }
+                metrics::counter!("tocsin_transactions_aborted_total").increment(1);
+                Err(e)
+            }
+        }
+    }
+
+    /// The positions this transaction commits. Every transaction carries at least one, so the
+    /// group coordinator checks our member epoch: a node that lost its partitions is fenced.
+    fn fence_offsets(&self, txn: &Txn) -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, p), o) in &txn.positions {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+        }
+        for p in &txn.fired_partitions {
+            let key = (self.topics.jobs.clone(), *p);
+            if !txn.positions.contains_key(&key) {
+                if let Some(o) = self.committed.get(&key) {
+                    tpl.add_partition_offset(&key.0, *p, Offset::Offset(*o))?;
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            if let Some(((topic, p), o)) = self
+                .committed
+                .iter()
+                .find(|((_, p), _)| matches!(self.parts.get(p), Some(Phase::Active)))
+            {
+                tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+            }
+        }
+        Ok(tpl)
+    }
+
+    fn fill(
+        &mut self,
+        txn: &mut Txn,
+        records: &[OwnedMessage],
+        due: &[DueEntry],
+        now: i64,
+    ) -> Result<()> {
+        for m in records {
+            txn.positions
+                .insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
+            if m.topic() == self.topics.jobs {
+                self.ingest(txn, m, now)?;
+            } else {
+                self.control(txn, m, now)?;
+            }
+        }
+        let limits = FireLimits {
+            misfire_threshold_ms: self.config.scheduler.misfire_threshold_ms as i64,
+            max_runs: self.config.scheduler.max_runs_per_job_per_tick,
+        };
+        for e in due {
+            let p = e.partition as i32;
+            if !matches!(self.parts.get(&p), Some(Phase::Active)) {
+                continue;
+            }
+            let Some(mut state) = self.load(txn, p, &e.job)? else {
+                // A stale index entry (the job was deleted): drop it.
+                txn.batch
+                    .delete_timer(&self.store, e.partition, &e.job, Some(e.wake_ms));
+                continue;
+            };
+            let old_wake = fire::wake_at(&state);
+            if old_wake != Some(e.wake_ms) {
+                continue; // changed earlier in this transaction; the index follows the state
+            }
+            let Some(schedule) = self.schedule(&state.definition) else {
+                continue;
+            };
+            let fired = fire::fire_due(&mut state, &schedule, now, limits);
+            for d in &fired.runs {
+                self.produce_run(&state, d, p, now)?;
+            }
+            for s in &fired.skipped {
+                let event = run_event(&state, *s, 1, RunEventKind::Skipped, now, &self.node_id);
+                self.produce_event(&event)?;
+            }
+            if fired.missed > 0 {
+                metrics::counter!("tocsin_instants_missed_total").increment(fired.missed);
+            }
+            txn.runs += fired.runs.len() as u64;
+            txn.fired_partitions.insert(p);
+            self.save(txn, p, state, old_wake)?;
+        }
+        Ok(())
+    }
+
+    fn load(&self, txn: &Txn, p: i32, job: &str) -> Result<Option<TimerState>> {
+        if let Some(s) = txn.overlay.get(&(p, job.to_owned())) {
+            return Ok(s.clone());
+        }
+        Ok(self.store.timer(p as u16, job)?)
+    }
+
+    fn save(
+        &mut self,
+        txn: &mut Txn,
+        p: i32,
+        state: TimerState,
+        old_wake: Option<i64>,
+    ) -> Result<()> {
+        let bytes = encode_timer(&state);
+        let record = BaseRecord::to(&self.topics.timers)
+            .partition(p)
+            .key(state.definition.id.as_bytes())
+            .payload(&bytes);
+        self.producer.send(record).map_err(|(e, _)| e)?;
+        let wake = fire::wake_at(&state);
+        txn.batch
+            .put_timer(&self.store, p as u16, &state, &bytes, old_wake, wake);
+        txn.overlay
+            .insert((p, state.definition.id.clone()), Some(state));
+        Ok(())
+    }
+
+    fn schedule(&mut self, def: &JobDefinition) -> Option<Arc<Schedule>> {
+        if let Some(s) = self.schedules.get(&def.id) {
+            return Some(s.clone());
+        }
+        match Schedule::from_job(def) {
+            Ok(s) => {
+                if self.schedules.len() > 1_000_000 {
+                    self.schedules.clear();
+                }
+                let s = Arc::new(s);
+                self.schedules.insert(def.id.clone(), s.clone());
+                Some(s)
+            }
+            Err(e) => {
+                error!(job = %def.id, error = %e, "stored job has an invalid schedule");
+                None
+            }
+        }
+    }
+
+    fn ingest(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
+        let p = m.partition();
+        let Some(key) = m.key() else {
+            return self.reject(m, "record has no key (the key must be the job id)".into());
+        };
+        let Ok(job) = std::str::from_utf8(key) else {
+            return self.reject(m, "key is not UTF-8 (the key must be the job id)".into());
+        };
+        let job = job.to_owned();
+        let existing = self.load(txn, p, &job)?;
+        let old_wake = existing.as_ref().and_then(fire::wake_at);
+        let Some(bytes) = m.payload() else {
+            // Tombstone: the job is deleted and never fires again.
+            if existing.is_some() {
+                let record = BaseRecord::<[u8], [u8]>::to(&self.topics.timers)
+                    .partition(p)
+                    .key(key);
+                self.producer.send(record).map_err(|(e, _)| e)?;
+                txn.batch
+                    .delete_timer(&self.store, p as u16, &job, old_wake);
+                txn.overlay.insert((p, job.clone()), None);
+                self.schedules.remove(&job);
+            }
+            return Ok(());
+        };
+        let def: JobDefinition = match codec::decode(bytes) {
+            Ok(d) => d,
+            Err(e) => return self.reject(m, format!("not a Tocsin JobDefinition: {e}")),
+        };
+        if def.id != job {
+            return self.reject(
+                m,
+                format!("key {job:?} does not match the job id {:?}", def.id),
+            );
+        }
+        let schedule = match validate(&def, &self.limits, now) {
+            Ok(s) => Arc::new(s),
+            Err(e) => return self.reject(m, e.to_string()),
+        };
+        // A job's life starts when its record was written, not when this node got to it: a
+        // slow ingest makes its first instants late, never skipped. (Clamped, so a skewed
+        // producer clock cannot reach into the future or far into the past.)
+        let written = m
+            .timestamp()
+            .to_millis()
+            .filter(|t| *t <= now && now - *t < 86_400_000)
+            .unwrap_or(now);
+        let state = match existing {
+            None => fire::new_timer(def, &schedule, written),
+            Some(mut s) => {
+                if s.definition == def {
+                    return Ok(());
+                }
+                if def.revision != 0 && def.revision < s.definition.revision {
+                    info!(job = %job, revision = def.revision, current = s.definition.revision,
+                        "ignored an older revision");
+                    return Ok(());
+                }
+                fire::update_timer(&mut s, def, &schedule, written);
+                s
+            }
+        };
+        self.schedules.insert(job, schedule);
+        self.save(txn, p, state, old_wake)
+    }
+
+    fn control(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
+        let p = m.partition();
+        let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+        let record: ControlRecord = match m.payload().map(codec::decode) {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => return self.reject(m, format!("not a Tocsin ControlRecord: {e}")),
+            None => return Ok(()),
+        };
+        let Some(mut state) = self.load(txn, p, &job)? else {
+            info!(job = %job, "control request for an unknown job; ignored");
+            return Ok(());
+        };
+        let Some(schedule) = self.schedule(&state.definition) else {
+            return Ok(());
+        };
+        let old_wake = fire::wake_at(&state);
+        if fire::apply_control(&mut state, record, &schedule, now, 10_000) {
+            self.save(txn, p, state, old_wake)?;
+        }
+        Ok(())
+    }
+
+    /// Sends a bad input record to `jobs.rejected` with the reason; the partition flows on.
+    fn reject(&mut self, m: &OwnedMessage, reason: String) -> Result<()> {
+        warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), reason = %reason,
+            "rejected input record");
+        metrics::counter!("tocsin_records_rejected_total").increment(1);
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "tocsin-reason",
+                value: Some(reason.as_bytes()),
+            })
+            .insert(Header {
+                key: "tocsin-source",
+                value: Some(format!("{}/{}/{}", m.topic(), m.partition(), m.offset()).as_bytes()),
+            });
+        let mut record = BaseRecord::<[u8], [u8]>::to(&self.topics.rejected).headers(headers);
+        if let Some(k) = m.key() {
+            record = record.key(k);
+        }
+        if let Some(v) = m.payload() {
+            record = record.payload(v);
+        }
+        self.producer.send(record).map_err(|(e, _)| e)?;
+        Ok(())
+    }
+
+    fn ensure_lane(&mut self, tenant: &str) -> Result<String> {
+        let spec = lane_topic(&self.config, tenant);
+        if !self.lanes.contains(&spec.name) {
+            let admin = &self.admin;
+            self.runtime
+                .block_on(admin.ensure(std::slice::from_ref(&spec)))?;
+            self.lanes.insert(spec.name.clone());
+        }
+        Ok(spec.name)
+    }
+
+    fn produce_run(&mut self, state: &TimerState, d: &fire::Due, p: i32, now: i64) -> Result<()> {
+        let def = &state.definition;
+        let lane = self.ensure_lane(&def.tenant)?;
+        let run = Run {
+            run_id: run_id(&def.id, d.scheduled_ms),
+            job_id: def.id.clone(),
+            tenant: def.tenant.clone(),
+            scheduled_ms: d.scheduled_ms,
+            fire_ms: now,
+            attempt: d.attempt,
+            reason: d.reason,
+            handler: def.handler.clone(),
+            timeout_ms: def.timeout_ms,
+            retry: def.retry,
+            labels: def.labels.clone(),
+        };
+        let bytes = codec::encode(&run, &Framing::SingleObject);
+        let headers = OwnedHeaders::new_with_capacity(6)
+            .insert(h("tocsin-run-id", run.run_id.as_bytes()))
+            .insert(h(
+                "tocsin-scheduled-ms",
+                d.scheduled_ms.to_string().as_bytes(),
+            ))
+            .insert(h("tocsin-fire-ms", now.to_string().as_bytes()))
+            .insert(h("tocsin-attempt", d.attempt.to_string().as_bytes()))
+            .insert(h("tocsin-partition", p.to_string().as_bytes()))
+            .insert(h(
+                "tocsin-assignment-epoch",
+                self.assignments.to_string().as_bytes(),
+            ));
+        let record = BaseRecord::to(&lane)
+            .key(def.id.as_bytes())
+            .payload(&bytes)
+            .headers(headers);
+        self.producer.send(record).map_err(|(e, _)| e)?;
+        let event = run_event(
+            state,
+            d.scheduled_ms,
+            d.attempt,
+            RunEventKind::Fired,
+            now,
+            &self.node_id,
+        );
+        self.produce_event(&event)
+    }
+
+    fn produce_event(&mut self, event: &RunEvent) -> Result<()> {
+        let bytes = codec::encode(event, &Framing::SingleObject);
+        let record = BaseRecord::to(&self.topics.runs)
+            .key(event.run_id.as_bytes())
+            .payload(&bytes);
+        self.producer.send(record).map_err(|(e, _)| e)?;
+        Ok(())
+    }
+}
+
+fn h<'a>(key: &'a str, value: &'a [u8]) -> Header<'a, &'a [u8]> {
+    Header {
+        key,
+        value: Some(value),
+    }
+}
+
+fn run_event(
+    state: &TimerState,
+    scheduled_ms: i64,
+    attempt: u32,
+    kind: RunEventKind,
+    now: i64,
+    node: &str,
+) -> RunEvent {
+    RunEvent {
+        run_id: run_id(&state.definition.id, scheduled_ms),
+        job_id: state.definition.id.clone(),
+        tenant: state.definition.tenant.clone(),
+        scheduled_ms,
+        attempt,
+        kind,
+        at_ms: now,
+        node: node.to_owned(),
+        error: None,
+        duration_ms: None,
+    }
+}
+
+fn is_fatal(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::Transaction(t) if t.is_fatal())
+}
+
+fn new_producer(
+    config: &Config,
+    node_id: &str,
+    timers_topic: &str,
+) -> Result<BaseProducer<DeliveryContext>> {
+    let mut c = crate::kafka::producer_config(config);
+    c.set("client.id", format!("tocsin-scheduler-{node_id}"));
+    // Stable per node: a restarted node fences its previous incarnation.
+    c.set(
+        "transactional.id",
+        format!("{}scheduler.{}", config.topic_prefix, node_id),
+    );
+    c.set(
+        "transaction.timeout.ms",
+        config.scheduler.transaction_timeout_ms.to_string(),
+    );
+    c.set("queue.buffering.max.messages", "2000000");
+    c.set("queue.buffering.max.kbytes", "2097151");
+    let ctx = DeliveryContext {
+        timers_topic: timers_topic.to_owned(),
+        ..DeliveryContext::default()
+    };
+    Ok(c.create_with_context(ctx)?)
+}

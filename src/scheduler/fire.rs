@@ -1,0 +1,288 @@
+//! What a timer does when it falls due, and how definitions and control requests change it.
+//! Pure: the clock is an argument, the caller persists the result.
+
+use crate::model::job::{JobDefinition, OverlapPolicy, ScheduleSpec};
+use crate::model::records::{run_id, ControlRecord, FireReason, InFlight, PendingFire, TimerState};
+use crate::model::schedule::{jitter_ms, resolve_misfire, Schedule};
+
+/// Limits of one firing pass over one timer.
+#[derive(Debug, Clone, Copy)]
+pub struct FireLimits {
+    /// An instant later than this past its time is a misfire, handled by the job's policy;
+    /// anything less late is simply fired late.
+    pub misfire_threshold_ms: i64,
+    /// Runs one timer may emit in one pass (a bound on catch-up work per tick).
+    pub max_runs: usize,
+}
+
+/// A run to produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    pub scheduled_ms: i64,
+    pub attempt: u32,
+    pub reason: FireReason,
+}
+
+/// What one pass produced besides the new state.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Fired {
+    pub runs: Vec<Due>,
+    /// Instants not run because the previous run was still in flight (overlap `skip`).
+    pub skipped: Vec<i64>,
+    /// Instants dropped by the misfire policy.
+    pub missed: u64,
+}
+
+/// The instant a timer's scheduled fire happens: its scheduled instant plus its jitter.
+pub fn fire_at(def: &JobDefinition, scheduled_ms: i64) -> i64 {
+    scheduled_ms.saturating_add(jitter_ms(&def.id, scheduled_ms, def.jitter_ms) as i64)
+}
+
+/// When the bucket index must wake this timer; `None` when it has nothing left to do.
+pub fn wake_at(state: &TimerState) -> Option<i64> {
+    if state.definition.paused {
+        return None;
+    }
+    let scheduled = state.next_fire_ms.map(|t| fire_at(&state.definition, t));
+    let pending = state.pending.iter().map(|p| p.not_before_ms).min();
+    match (scheduled, pending) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The state of a job seen for the first time at `now_ms`.
+pub fn new_timer(def: JobDefinition, schedule: &Schedule, now_ms: i64) -> TimerState {
+    let next_fire_ms = first_fire(&def, schedule, now_ms);
+    TimerState {
+        definition: def,
+        next_fire_ms,
+        fires: 0,
+        last_scheduled_ms: None,
+        in_flight: None,
+        buffered_ms: None,
+        pending: Vec::new(),
+    }
+}
+
+fn first_fire(def: &JobDefinition, schedule: &Schedule, now_ms: i64) -> Option<i64> {
+    match def.schedule {
+        // A one-shot put shortly after its instant still fires (validation rejected those
+        // older than the catch-up window).
+        ScheduleSpec::Once { at_ms } if at_ms <= now_ms => Some(at_ms),
+        _ => schedule.next_after(now_ms - 1),
+    }
+}
+
+/// Applies a new definition of an existing job. A changed schedule takes effect from its next
+/// instant after both now and the last fire; pausing keeps the next instant, so resuming
+/// applies the misfire policy to what was missed.
+pub fn update_timer(state: &mut TimerState, def: JobDefinition, schedule: &Schedule, now_ms: i64) {
+    let old = &state.definition;
+    let timing_changed = old.schedule != def.schedule
+        || old.start_ms != def.start_ms
+        || old.end_ms != def.end_ms
+        || old.max_fires != def.max_fires;
+    if timing_changed {
+        let after = state
+            .last_scheduled_ms
+            .map_or(now_ms - 1, |l| l.max(now_ms - 1));
+        state.next_fire_ms = match def.schedule {
+            ScheduleSpec::Once { at_ms } if state.fires == 0 && at_ms <= now_ms => Some(at_ms),
+            _ => schedule.next_after(after),
+        };
+    }
+    let resumed = old.paused && !def.paused;
+    state.definition = def;
+    if resumed && !timing_changed {
+        // Instants missed while paused follow the misfire policy, whatever their age.
+        if let Some(next) = state.next_fire_ms.filter(|n| *n <= now_ms) {
+            let m = resolve_misfire(
+                schedule,
+                state.definition.misfire,
+                state.definition.catch_up_window_ms,
+                next,
+                now_ms,
+                1_000,
+            );
+            state
+                .pending
+                .extend(m.fire.into_iter().map(|scheduled_ms| PendingFire {
+                    scheduled_ms,
+                    attempt: 1,
+                    not_before_ms: now_ms,
+                    reason: FireReason::CatchUp,
+                }));
+            state.next_fire_ms = m.next_ms;
+        }
+    }
+    if let Some(max) = state.definition.max_fires {
+        if state.fires >= max {
+            state.next_fire_ms = None;
+        }
+    }
+}
+
+/// Applies a control request. Returns false when it changed nothing.
+pub fn apply_control(
+    state: &mut TimerState,
+    record: ControlRecord,
+    schedule: &Schedule,
+    now_ms: i64,
+    max_backfill: usize,
+) -> bool {
+    match record {
+        ControlRecord::Retry {
+            scheduled_ms,
+            attempt,
+            not_before_ms,
+            ..
+        } => {
+            if state
+                .pending
+                .iter()
+                .any(|p| p.scheduled_ms == scheduled_ms && p.attempt >= attempt)
+            {
+                return false; // a redelivered request
+            }
+            state.pending.push(PendingFire {
+                scheduled_ms,
+                attempt,
+                not_before_ms,
+                reason: FireReason::Retry,
+            });
+            true
+        }
+        ControlRecord::Completion { run_id: id, .. } => {
+            if state.in_flight.as_ref().map(|f| &f.run_id) != Some(&id) {
+                return false;
+            }
+            state.in_flight = None;
+            if let Some(buffered) = state.buffered_ms.take() {
+                state.pending.push(PendingFire {
+                    scheduled_ms: buffered,
+                    attempt: 1,
+                    not_before_ms: now_ms,
+                    reason: FireReason::Schedule,
+                });
+            }
+            true
+        }
+        ControlRecord::Trigger { requested_ms } => {
+            state.pending.push(PendingFire {
+                scheduled_ms: requested_ms,
+                attempt: 1,
+                not_before_ms: now_ms,
+                reason: FireReason::Manual,
+            });
+            true
+        }
+        ControlRecord::Backfill { from_ms, to_ms } => {
+            let instants = schedule.fires_in(from_ms - 1, to_ms - 1, max_backfill);
+            let added = !instants.is_empty();
+            state
+                .pending
+                .extend(instants.into_iter().map(|scheduled_ms| PendingFire {
+                    scheduled_ms,
+                    attempt: 1,
+                    not_before_ms: now_ms,
+                    reason: FireReason::Backfill,
+                }));
+            added
+        }
+    }
+}
+
+/// Fires whatever of `state` is due at `now_ms`.
+pub fn fire_due(
+    state: &mut TimerState,
+    schedule: &Schedule,
+    now_ms: i64,
+    limits: FireLimits,
+) -> Fired {
+    let mut out = Fired::default();
+    if state.definition.paused {
+        return out;
+    }
+
+    // Retries, manual triggers and backfill instants: requests, not schedule instants, so
+    // neither the overlap policy nor max_fires applies to them.
+    let mut waiting = Vec::new();
+    for p in std::mem::take(&mut state.pending) {
+        if p.not_before_ms <= now_ms && out.runs.len() < limits.max_runs {
+            out.runs.push(Due {
+                scheduled_ms: p.scheduled_ms,
+                attempt: p.attempt,
+                reason: p.reason,
+            });
+        } else {
+            waiting.push(p);
+        }
+    }
+    state.pending = waiting;
+
+    while out.runs.len() < limits.max_runs {
+        let Some(next) = state.next_fire_ms else {
+            break;
+        };
+        let at = fire_at(&state.definition, next);
+        if at > now_ms {
+            break;
+        }
+        if now_ms - at > limits.misfire_threshold_ms {
+            let m = resolve_misfire(
+                schedule,
+                state.definition.misfire,
+                state.definition.catch_up_window_ms,
+                next,
+                now_ms,
+                limits.max_runs - out.runs.len(),
+            );
+            out.missed += m.missed;
+            for instant in m.fire {
+                schedule_fire(state, instant, FireReason::CatchUp, &mut out);
+            }
+            state.next_fire_ms = m.next_ms;
+        } else {
+            schedule_fire(state, next, FireReason::Schedule, &mut out);
+            state.next_fire_ms = schedule.next_after(next);
+        }
+        if let Some(max) = state.definition.max_fires {
+            if state.fires >= max {
+                state.next_fire_ms = None;
+            }
+        }
+    }
+    out
+}
+
+fn schedule_fire(state: &mut TimerState, scheduled_ms: i64, reason: FireReason, out: &mut Fired) {
+    if let Some(max) = state.definition.max_fires {
+        if state.fires >= max {
+            return;
+        }
+    }
+    let policy = state.definition.overlap;
+    if policy != OverlapPolicy::Allow && state.in_flight.is_some() {
+        match policy {
+            OverlapPolicy::BufferOne if state.buffered_ms.is_none() => {
+                state.buffered_ms = Some(scheduled_ms)
+            }
+            _ => out.skipped.push(scheduled_ms),
+        }
+        return;
+    }
+    out.runs.push(Due {
+        scheduled_ms,
+        attempt: 1,
+        reason,
+    });
+    state.fires += 1;
+    state.last_scheduled_ms = Some(scheduled_ms);
+    if policy != OverlapPolicy::Allow {
+        state.in_flight = Some(InFlight {
+            run_id: run_id(&state.definition.id, scheduled_ms),
+            scheduled_ms,
+        });
+    }
+}

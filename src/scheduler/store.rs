@@ -1,0 +1,304 @@
+//! The node's RocksDB: per owned partition, the timers, the bucket index and a checkpoint of
+//! the `timers` offsets applied. A cache of Kafka: deleting the directory loses nothing.
+//!
+//! Column families:
+//! - `timers`: `(partition u16 BE, job id)` → the `TimerState` as encoded on `timers`;
+//! - `due`: `(partition u16 BE, wake instant u64 BE, job id)` → tenant, so "everything due in
+//!   partition p up to now" is one range scan that also says whose it is, without decoding;
+//! - `meta`: `ckpt/(partition u16 BE)` → next `timers` offset to read + when it was written.
+
+use std::path::Path;
+
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, DB};
+
+use crate::codec::{self, Framing};
+use crate::model::records::TimerState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    #[error("corrupt timer state for job {job:?} in partition {partition}: {source}")]
+    Corrupt {
+        partition: u16,
+        job: String,
+        #[source]
+        source: codec::CodecError,
+    },
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+const CF_TIMERS: &str = "timers";
+const CF_DUE: &str = "due";
+const CF_META: &str = "meta";
+
+/// Where a partition's replay of `timers` can resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub offset: i64,
+    pub written_ms: i64,
+}
+
+/// One entry of the bucket index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueEntry {
+    pub partition: u16,
+    pub wake_ms: i64,
+    pub job: String,
+    pub tenant: String,
+}
+
+pub struct Store {
+    db: DB,
+}
+
+/// Sortable encoding of an instant: i64 with the sign bit flipped, big-endian.
+fn instant_key(ms: i64) -> [u8; 8] {
+    ((ms as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn instant_from_key(b: &[u8]) -> i64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    (u64::from_be_bytes(a) ^ (1 << 63)) as i64
+}
+
+fn timer_key(partition: u16, job: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + job.len());
+    k.extend_from_slice(&partition.to_be_bytes());
+    k.extend_from_slice(job.as_bytes());
+    k
+}
+
+fn due_key(partition: u16, wake_ms: i64, job: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(10 + job.len());
+    k.extend_from_slice(&partition.to_be_bytes());
+    k.extend_from_slice(&instant_key(wake_ms));
+    k.extend_from_slice(job.as_bytes());
+    k
+}
+
+fn checkpoint_key(partition: u16) -> Vec<u8> {
+    let mut k = b"ckpt/".to_vec();
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+impl Store {
+    pub fn open(dir: &Path) -> Result<Store> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.increase_parallelism(2);
+        let cfs = [CF_TIMERS, CF_DUE, CF_META]
+            .into_iter()
+            .map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
+        let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
+        Ok(Store { db })
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        self.db
+            .cf_handle(name)
+            .expect("column family created at open")
+    }
+
+    pub fn timer(&self, partition: u16, job: &str) -> Result<Option<TimerState>> {
+        let Some(bytes) = self
+            .db
+            .get_cf(self.cf(CF_TIMERS), timer_key(partition, job))?
+        else {
+            return Ok(None);
+        };
+        codec::decode(&bytes)
+            .map(Some)
+            .map_err(|source| StoreError::Corrupt {
+                partition,
+                job: job.to_owned(),
+                source,
+            })
+    }
+
+    /// Index entries of `partition` with a wake instant at or before `upto_ms`, earliest first.
+    pub fn due(
+        &self,
+        partition: u16,
+        upto_ms: i64,
+        limit: usize,
+        out: &mut Vec<DueEntry>,
+    ) -> Result<()> {
+        let start = due_key(partition, i64::MIN, "");
+        let iter = self.db.iterator_cf(
+            self.cf(CF_DUE),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut taken = 0;
+        for item in iter {
+            let (k, v) = item?;
+            if k.len() < 10 || k[..2] != partition.to_be_bytes() {
+                break;
+            }
+            let wake_ms = instant_from_key(&k[2..10]);
+            if wake_ms > upto_ms || taken >= limit {
+                break;
+            }
+            out.push(DueEntry {
+                partition,
+                wake_ms,
+                job: String::from_utf8_lossy(&k[10..]).into_owned(),
+                tenant: String::from_utf8_lossy(&v).into_owned(),
+            });
+            taken += 1;
+        }
+        Ok(())
+    }
+
+    pub fn checkpoint(&self, partition: u16) -> Result<Option<Checkpoint>> {
+        let Some(v) = self
+            .db
+            .get_cf(self.cf(CF_META), checkpoint_key(partition))?
+        else {
+            return Ok(None);
+        };
+        if v.len() != 16 {
+            return Ok(None);
+        }
+        let offset = i64::from_be_bytes(v[..8].try_into().unwrap());
+        let written_ms = i64::from_be_bytes(v[8..].try_into().unwrap());
+        Ok(Some(Checkpoint { offset, written_ms }))
+    }
+
+    /// Number of timers of a partition (diagnostics and tests).
+    pub fn count_timers(&self, partition: u16) -> usize {
+        let prefix = partition.to_be_bytes();
+        self.db
+            .iterator_cf(
+                self.cf(CF_TIMERS),
+                IteratorMode::From(&prefix, Direction::Forward),
+            )
+            .take_while(|r| r.as_ref().is_ok_and(|(k, _)| k.starts_with(&prefix)))
+            .count()
+    }
+
+    pub fn write(&self, batch: Batch) -> Result<()> {
+        self.db.write(batch.inner)?;
+        Ok(())
+    }
+
+    pub fn batch(&self) -> Batch {
+        Batch {
+            inner: WriteBatch::default(),
+        }
+    }
+
+    /// Removes every trace of a partition: before a replay from the start.
+    pub fn clear_partition(&self, partition: u16) -> Result<()> {
+        let from = partition.to_be_bytes().to_vec();
+        let to = (u32::from(partition) + 1).to_be_bytes()[2..].to_vec();
+        let mut batch = WriteBatch::default();
+        for cf in [CF_TIMERS, CF_DUE] {
+            if partition == u16::MAX {
+                let iter = self
+                    .db
+                    .iterator_cf(self.cf(cf), IteratorMode::From(&from, Direction::Forward));
+                for item in iter {
+                    batch.delete_cf(self.cf(cf), item?.0);
+                }
+            } else {
+                batch.delete_range_cf(self.cf(cf), &from, &to);
+            }
+        }
+        batch.delete_cf(self.cf(CF_META), checkpoint_key(partition));
+        self.db.write(batch)?;
+        Ok(())
+    }
+}
+
+/// Changes applied together, after the Kafka transaction that carries them commits.
+pub struct Batch {
+    inner: WriteBatch,
+}
+
+impl Batch {
+    /// Stores a timer and moves its index entry from `old_wake` to `new_wake`.
+    pub fn put_timer(
+        &mut self,
+        store: &Store,
+        partition: u16,
+        state: &TimerState,
+        encoded: &[u8],
+        old_wake: Option<i64>,
+        new_wake: Option<i64>,
+    ) {
+        let job = &state.definition.id;
+        self.inner
+            .put_cf(store.cf(CF_TIMERS), timer_key(partition, job), encoded);
+        if old_wake != new_wake {
+            if let Some(w) = old_wake {
+                self.inner
+                    .delete_cf(store.cf(CF_DUE), due_key(partition, w, job));
+            }
+        }
+        if let Some(w) = new_wake {
+            self.inner.put_cf(
+                store.cf(CF_DUE),
+                due_key(partition, w, job),
+                state.definition.tenant.as_bytes(),
+            );
+        }
+    }
+
+    pub fn delete_timer(
+        &mut self,
+        store: &Store,
+        partition: u16,
+        job: &str,
+        old_wake: Option<i64>,
+    ) {
+        self.inner
+            .delete_cf(store.cf(CF_TIMERS), timer_key(partition, job));
+        if let Some(w) = old_wake {
+            self.inner
+                .delete_cf(store.cf(CF_DUE), due_key(partition, w, job));
+        }
+    }
+
+    pub fn set_checkpoint(&mut self, store: &Store, partition: u16, cp: Checkpoint) {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&cp.offset.to_be_bytes());
+        v.extend_from_slice(&cp.written_ms.to_be_bytes());
+        self.inner
+            .put_cf(store.cf(CF_META), checkpoint_key(partition), v);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+}
+
+/// Encodes a timer as it is stored here and on `timers`.
+pub fn encode_timer(state: &TimerState) -> Vec<u8> {
+    codec::encode(state, &Framing::SingleObject)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_keys_sort_like_instants() {
+        let xs = [i64::MIN, -5_000, -1, 0, 1, 999, 1_700_000_000_000, i64::MAX];
+        for w in xs.windows(2) {
+            assert!(instant_key(w[0]) < instant_key(w[1]), "{} < {}", w[0], w[1]);
+            assert_eq!(instant_from_key(&instant_key(w[0])), w[0]);
+        }
+    }
+
+    #[test]
+    fn due_keys_group_by_partition_then_time() {
+        assert!(due_key(1, 5, "zzz") < due_key(1, 6, "a"));
+        assert!(due_key(1, i64::MAX, "z") < due_key(2, i64::MIN, "a"));
+    }
+}

@@ -1,0 +1,230 @@
+//! What a worker does with a run: deliver to Kafka, call HTTP, execute a command, or call a
+//! handler that an embedding program registered.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::model::job::HandlerKind;
+use crate::model::records::Run;
+
+/// How a handler ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerResult {
+    Succeeded {
+        output: String,
+    },
+    /// `retry`: whether another attempt may succeed (a 503 may, a 404 will not).
+    Failed {
+        error: String,
+        retry: bool,
+    },
+}
+
+/// A handler for programs that embed Tocsin: register it under a name, and jobs whose handler
+/// is `custom` with that name as `target` run through it.
+pub trait Handler: Send + Sync {
+    fn call<'a>(&'a self, run: &'a Run) -> BoxFuture<'a, HandlerResult>;
+}
+
+/// The built-in handlers plus the registered ones.
+pub struct Handlers {
+    producer: FutureProducer,
+    http: reqwest::Client,
+    custom: HashMap<String, Arc<dyn Handler>>,
+    /// Most bytes of a command's output kept.
+    pub output_limit: usize,
+}
+
+impl Handlers {
+    pub fn new(producer: FutureProducer, custom: HashMap<String, Arc<dyn Handler>>) -> Handlers {
+        Handlers {
+            producer,
+            http: reqwest::Client::new(),
+            custom,
+            output_limit: 64 * 1024,
+        }
+    }
+
+    pub async fn call(&self, run: &Run) -> HandlerResult {
+        match run.handler.kind {
+            HandlerKind::Kafka => self.kafka(run).await,
+            HandlerKind::Http => self.http(run).await,
+            HandlerKind::Exec => exec(run, self.output_limit).await,
+            HandlerKind::Custom => match self.custom.get(&run.handler.target) {
+                Some(h) => h.call(run).await,
+                None => HandlerResult::Failed {
+                    error: format!("no handler registered under {:?}", run.handler.target),
+                    retry: false,
+                },
+            },
+        }
+    }
+
+    /// Delivers the payload to the target topic, keyed by the job id (delayed and recurring
+    /// messages). The producer is idempotent; the run id travels as a header for consumers
+    /// that deduplicate.
+    async fn kafka(&self, run: &Run) -> HandlerResult {
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: "tocsin-run-id",
+            value: Some(run.run_id.as_bytes()),
+        });
+        for (k, v) in &run.handler.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let record = FutureRecord::to(&run.handler.target)
+            .key(run.job_id.as_bytes())
+            .payload(&run.handler.payload)
+            .headers(headers);
+        match self.producer.send(record, Duration::from_secs(30)).await {
+            Ok(d) => HandlerResult::Succeeded {
+                output: format!(
+                    "delivered to {} [{}] @ {}",
+                    run.handler.target, d.partition, d.offset
+                ),
+            },
+            Err((e, _)) => HandlerResult::Failed {
+                error: format!("delivery to topic {:?} failed: {e}", run.handler.target),
+                retry: true,
+            },
+        }
+    }
+
+    async fn http(&self, run: &Run) -> HandlerResult {
+        let method = run.handler.method.as_deref().unwrap_or("POST");
+        let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
+            return HandlerResult::Failed {
+                error: format!("invalid HTTP method {method:?}"),
+                retry: false,
+            };
+        };
+        let mut req = self
+            .http
+            .request(method, &run.handler.target)
+            .timeout(Duration::from_millis(run.timeout_ms))
+            .header("Idempotency-Key", &run.run_id)
+            .body(run.handler.payload.clone());
+        for (k, v) in &run.handler.headers {
+            req = req.header(k, v);
+        }
+        match req.send().await {
+            Ok(resp) => {
+                let status = resp.status();
+                if status.is_success() {
+                    return HandlerResult::Succeeded {
+                        output: format!("HTTP {status}"),
+                    };
+                }
+                let code = status.as_u16();
+                let retry = code == 408
+                    || code == 429
+                    || status.is_server_error()
+                    || (status.is_client_error()
+                        && run
+                            .labels
+                            .get("retry_client_errors")
+                            .is_some_and(|v| v == "true"));
+                HandlerResult::Failed {
+                    error: format!("{} answered HTTP {status}", run.handler.target),
+                    retry,
+                }
+            }
+            Err(e) => HandlerResult::Failed {
+                error: format!("request to {} failed: {e}", run.handler.target),
+                retry: true,
+            },
+        }
+    }
+}
+
+/// Runs a command: argv from the handler, the run described in the environment, the payload on
+/// stdin, output kept up to `limit` bytes (the rest is read and dropped, never fatal). The
+/// caller's timeout drops this future, which kills the child.
+pub async fn exec(run: &Run, limit: usize) -> HandlerResult {
+    let mut cmd = tokio::process::Command::new(&run.handler.target);
+    cmd.args(&run.handler.args)
+        .env("TOCSIN_RUN_ID", &run.run_id)
+        .env("TOCSIN_JOB_ID", &run.job_id)
+        .env("TOCSIN_TENANT", &run.tenant)
+        .env("TOCSIN_SCHEDULED_MS", run.scheduled_ms.to_string())
+        .env("TOCSIN_ATTEMPT", run.attempt.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in &run.handler.headers {
+        cmd.env(k, v);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return HandlerResult::Failed {
+                error: format!("could not start {:?}: {e}", run.handler.target),
+                retry: false,
+            }
+        }
+    };
+    let payload = run.handler.payload.clone();
+    let mut stdin = child.stdin.take();
+    let feed = async move {
+        if let Some(s) = stdin.as_mut() {
+            let _ = s.write_all(&payload).await;
+        }
+        drop(stdin);
+    };
+    let out = read_limited(child.stdout.take(), limit);
+    let err = read_limited(child.stderr.take(), limit);
+    let ((), out, err, status) = tokio::join!(feed, out, err, child.wait());
+    let mut output = out;
+    if !err.is_empty() {
+        output.push_str(&err);
+    }
+    match status {
+        Ok(s) if s.success() => HandlerResult::Succeeded { output },
+        Ok(s) => HandlerResult::Failed {
+            error: format!(
+                "{:?} exited with {s}: {}",
+                run.handler.target,
+                output.trim_end()
+            ),
+            retry: true,
+        },
+        Err(e) => HandlerResult::Failed {
+            error: format!("waiting for {:?} failed: {e}", run.handler.target),
+            retry: true,
+        },
+    }
+}
+
+async fn read_limited(pipe: Option<impl tokio::io::AsyncRead + Unpin>, limit: usize) -> String {
+    let Some(mut pipe) = pipe else {
+        return String::new();
+    };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut truncated = false;
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = limit.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                truncated |= n > room;
+            }
+        }
+    }
+    let mut s = String::from_utf8_lossy(&kept).into_owned();
+    if truncated {
+        s.push_str("\n[output truncated]");
+    }
+    s
+}

@@ -1,0 +1,441 @@
+//! Workers: consume the tenant lanes (`read_committed`), execute runs with bounded concurrency
+//! overall and per tenant, report every transition on `runs`, ask the scheduler for retries on
+//! `control`, and send runs out of attempts to `dead`.
+//!
+//! It owns: the execution of runs and the commit of lane offsets. It must never commit an
+//! offset at or past a run that has not finished, and never run twice a run its ledger has
+//! seen finish.
+
+pub mod handler;
+pub mod ledger;
+pub mod offsets;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::codec::{self, Framing};
+use crate::config::Config;
+use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
+use crate::scheduler::NowFn;
+pub use handler::{Handler, HandlerResult, Handlers};
+use ledger::Ledger;
+use offsets::OffsetTracker;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] rocksdb::Error),
+    #[error("could not create data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What a worker prints or forwards about each finished run (the demo prints them).
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub run: Run,
+    pub result: HandlerResult,
+    pub duration_ms: u64,
+}
+
+pub struct WorkerOptions {
+    pub worker_id: String,
+    /// Called with every finished attempt.
+    pub on_finished: Option<Arc<dyn Fn(&Finished) + Send + Sync>>,
+    pub custom: HashMap<String, Arc<dyn Handler>>,
+    pub heartbeat: Duration,
+    pub ledger_retention_ms: i64,
+}
+
+impl WorkerOptions {
+    pub fn new(worker_id: impl Into<String>) -> WorkerOptions {
+        WorkerOptions {
+            worker_id: worker_id.into(),
+            on_finished: None,
+            custom: HashMap::new(),
+            heartbeat: Duration::from_secs(5),
+            ledger_retention_ms: 7 * 86_400_000,
+        }
+    }
+}
+
+struct Shared {
+    config: Config,
+    opts: WorkerOptions,
+    now: NowFn,
+    producer: FutureProducer,
+    handlers: Handlers,
+    ledger: Ledger,
+    tracker: Mutex<OffsetTracker>,
+    global: Semaphore,
+    tenants: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
+}
+
+/// Runs a worker of `config.worker.pool` until `shutdown`; then stops taking runs, waits for
+/// those in flight (up to 30 s) and commits.
+pub async fn run(
+    config: Config,
+    opts: WorkerOptions,
+    now: NowFn,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let dir = config.worker.data_dir.join(&opts.worker_id);
+    std::fs::create_dir_all(&dir).map_err(|source| WorkerError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let ledger = Ledger::open(&dir, opts.ledger_retention_ms)?;
+    let producer: FutureProducer = crate::kafka::producer_config(&config).create()?;
+    let group = format!("tocsin-worker-{}", config.worker.pool);
+    let mut cc = crate::kafka::consumer_config(&config, &group);
+    cc.set("client.id", format!("tocsin-worker-{}", opts.worker_id));
+    cc.set("group.protocol", "consumer");
+    cc.set("fetch.wait.max.ms", "50");
+    cc.set("topic.metadata.refresh.interval.ms", "5000");
+    for (k, v) in &config.kafka {
+        cc.set(k, v);
+    }
+    let consumer: StreamConsumer = cc.create()?;
+    let topics: Vec<String> = if config.worker.lanes.iter().any(|l| l == "*") {
+        vec![format!("^{}lane\\..*", regex_escape(&config.topic_prefix))]
+    } else {
+        config
+            .worker
+            .lanes
+            .iter()
+            .map(|t| config.lane_topic(t))
+            .collect()
+    };
+    let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&refs)?;
+    info!(pool = %config.worker.pool, lanes = ?topics, worker = %opts.worker_id, "worker started");
+
+    let mut opts = opts;
+    let handlers = Handlers::new(producer.clone(), std::mem::take(&mut opts.custom));
+    let shared = Arc::new(Shared {
+        global: Semaphore::new(config.worker.concurrency),
+        config,
+        opts,
+        now,
+        producer,
+        handlers,
+        ledger,
+        tracker: Mutex::new(OffsetTracker::default()),
+        tenants: Mutex::new(HashMap::new()),
+    });
+    let per_tenant = shared.config.worker.per_tenant_concurrency;
+    let mut paused: HashSet<(String, i32, String)> = HashSet::new();
+    let mut commit_tick = tokio::time::interval(Duration::from_millis(500));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = commit_tick.tick() => {
+                commit(&consumer, &shared);
+                // Resume lanes whose tenant has drained below its bound.
+                let tenants = shared.tenants.lock().unwrap();
+                paused.retain(|(topic, p, tenant)| {
+                    let waiting = tenants.get(tenant).map_or(0, |(_, n)| *n);
+                    if waiting <= per_tenant * 2 {
+                        let mut tpl = TopicPartitionList::new();
+                        tpl.add_partition(topic, *p);
+                        let _ = consumer.resume(&tpl);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                while tasks.try_join_next().is_some() {}
+            }
+            msg = consumer.recv() => {
+                let m = match msg {
+                    Ok(m) => m,
+                    Err(e) => { warn!(error = %e, "lane consumer error"); continue; }
+                };
+                let (topic, partition, offset) = (m.topic().to_owned(), m.partition(), m.offset());
+                shared.tracker.lock().unwrap().taken(&topic, partition, offset);
+                let run: Run = match m.payload().map(codec::decode) {
+                    Some(Ok(r)) => r,
+                    other => {
+                        warn!(topic = %topic, partition, offset, error = ?other.map(|r| r.err()),
+                            "lane record is not a Tocsin Run; skipped");
+                        shared.tracker.lock().unwrap().finished(&topic, partition, offset);
+                        continue;
+                    }
+                };
+                // Fairness: a tenant with a deep backlog has its lane paused, so the other
+                // lanes keep flowing through this worker.
+                let waiting = {
+                    let mut tenants = shared.tenants.lock().unwrap();
+                    let e = tenants.entry(run.tenant.clone())
+                        .or_insert_with(|| (Arc::new(Semaphore::new(per_tenant)), 0));
+                    e.1 += 1;
+                    e.1
+                };
+                if waiting > per_tenant * 4 && paused.insert((topic.clone(), partition, run.tenant.clone())) {
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition(&topic, partition);
+                    let _ = consumer.pause(&tpl);
+                }
+                let shared = shared.clone();
+                tasks.spawn(async move {
+                    execute(&shared, run).await;
+                    shared.tracker.lock().unwrap().finished(&topic, partition, offset);
+                });
+            }
+        }
+    }
+    info!(
+        in_flight = tasks.len(),
+        "worker stopping; finishing runs in flight"
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    commit(&consumer, &shared);
+    Ok(())
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                vec![c]
+            } else {
+                vec!['\\', c]
+            }
+        })
+        .collect()
+}
+
+fn commit(consumer: &StreamConsumer, shared: &Shared) {
+    let moves = shared.tracker.lock().unwrap().to_commit();
+    if moves.is_empty() {
+        return;
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (t, p, o) in &moves {
+        let _ = tpl.add_partition_offset(t, *p, Offset::Offset(*o));
+    }
+    if let Err(e) = consumer.commit(&tpl, rdkafka::consumer::CommitMode::Async) {
+        warn!(error = %e, "offset commit failed");
+    }
+}
+
+fn attempt_key(run: &Run) -> String {
+    format!("{}/{}", run.run_id, run.attempt)
+}
+
+async fn execute(shared: &Shared, run: Run) {
+    let now = (shared.now)();
+    let tenant_sem = {
+        let tenants = shared.tenants.lock().unwrap();
+        tenants[&run.tenant].0.clone()
+    };
+    let done = |shared: &Shared| {
+        if let Some(e) = shared.tenants.lock().unwrap().get_mut(&run.tenant) {
+            e.1 -= 1;
+        }
+    };
+    if shared.ledger.finished(&run.run_id, now) || shared.ledger.finished(&attempt_key(&run), now) {
+        info!(run = %run.run_id, job = %run.job_id, attempt = run.attempt, "redelivered run already finished; skipped");
+        done(shared);
+        return;
+    }
+    let _tenant = tenant_sem.acquire().await.expect("semaphore open");
+    let _global = shared.global.acquire().await.expect("semaphore open");
+    event(shared, &run, RunEventKind::Started, None, None).await;
+    let started = std::time::Instant::now();
+    let timeout = Duration::from_millis(run.timeout_ms.max(1));
+    let call = shared.handlers.call(&run);
+    tokio::pin!(call);
+    let mut beat = tokio::time::interval(shared.opts.heartbeat);
+    beat.tick().await;
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let result = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            _ = &mut deadline => break HandlerResult::Failed {
+                error: format!("timed out after {} ms", run.timeout_ms),
+                retry: true,
+            },
+            _ = beat.tick() => event(shared, &run, RunEventKind::Heartbeat, None, None).await,
+        }
+    };
+    let duration_ms = started.elapsed().as_millis() as u64;
+    finish(shared, &run, &result, duration_ms).await;
+    if let Some(cb) = &shared.opts.on_finished {
+        cb(&Finished {
+            run: run.clone(),
+            result,
+            duration_ms,
+        });
+    }
+    done(shared);
+}
+
+async fn finish(shared: &Shared, run: &Run, result: &HandlerResult, duration_ms: u64) {
+    let now = (shared.now)();
+    match result {
+        HandlerResult::Succeeded { .. } => {
+            event(
+                shared,
+                run,
+                RunEventKind::Succeeded,
+                None,
+                Some(duration_ms),
+            )
+            .await;
+            completion(shared, run, Outcome::Succeeded).await;
+            if let Err(e) = shared.ledger.record(&run.run_id, now) {
+                warn!(error = %e, "ledger write failed");
+            }
+        }
+        HandlerResult::Failed { error, retry } => {
+            event(
+                shared,
+                run,
+                RunEventKind::Failed,
+                Some(error.clone()),
+                Some(duration_ms),
+            )
+            .await;
+            if *retry && run.attempt < run.retry.max_attempts {
+                let delay = backoff_ms(run);
+                let record = ControlRecord::Retry {
+                    run_id: run.run_id.clone(),
+                    scheduled_ms: run.scheduled_ms,
+                    attempt: run.attempt + 1,
+                    not_before_ms: now + delay as i64,
+                    error: error.clone(),
+                };
+                send(
+                    shared,
+                    "control",
+                    &run.job_id,
+                    codec::encode(&record, &Framing::SingleObject),
+                )
+                .await;
+                event(
+                    shared,
+                    run,
+                    RunEventKind::Retrying,
+                    Some(error.clone()),
+                    None,
+                )
+                .await;
+            } else {
+                let dead = DeadLetter {
+                    run: run.clone(),
+                    error: error.clone(),
+                    attempts: run.attempt,
+                    at_ms: now,
+                };
+                send(
+                    shared,
+                    "dead",
+                    &run.run_id,
+                    codec::encode(&dead, &Framing::SingleObject),
+                )
+                .await;
+                event(shared, run, RunEventKind::Dead, Some(error.clone()), None).await;
+                completion(shared, run, Outcome::Dead).await;
+                if let Err(e) = shared.ledger.record(&run.run_id, now) {
+                    warn!(error = %e, "ledger write failed");
+                }
+            }
+            if let Err(e) = shared.ledger.record(&attempt_key(run), now) {
+                warn!(error = %e, "ledger write failed");
+            }
+        }
+    }
+}
+
+/// Exponential backoff with deterministic jitter: between half and all of
+/// `min(cap, base * 2^(attempt-1))`.
+pub fn backoff_ms(run: &Run) -> u64 {
+    let exp = run
+        .retry
+        .backoff_base_ms
+        .saturating_mul(1u64 << (run.attempt.saturating_sub(1)).min(30));
+    let full = exp.min(run.retry.backoff_cap_ms).max(1);
+    let h = xxhash_rust::xxh3::xxh3_64(format!("{}/{}", run.run_id, run.attempt).as_bytes());
+    full / 2 + h % (full / 2 + 1)
+}
+
+async fn completion(shared: &Shared, run: &Run, outcome: Outcome) {
+    let record = ControlRecord::Completion {
+        run_id: run.run_id.clone(),
+        scheduled_ms: run.scheduled_ms,
+        attempt: run.attempt,
+        outcome,
+    };
+    send(
+        shared,
+        "control",
+        &run.job_id,
+        codec::encode(&record, &Framing::SingleObject),
+    )
+    .await;
+}
+
+async fn event(
+    shared: &Shared,
+    run: &Run,
+    kind: RunEventKind,
+    error: Option<String>,
+    duration_ms: Option<u64>,
+) {
+    let e = RunEvent {
+        run_id: run.run_id.clone(),
+        job_id: run.job_id.clone(),
+        tenant: run.tenant.clone(),
+        scheduled_ms: run.scheduled_ms,
+        attempt: run.attempt,
+        kind,
+        at_ms: (shared.now)(),
+        node: shared.opts.worker_id.clone(),
+        error,
+        duration_ms,
+    };
+    send(
+        shared,
+        "runs",
+        &run.run_id,
+        codec::encode(&e, &Framing::SingleObject),
+    )
+    .await;
+}
+
+async fn send(shared: &Shared, topic: &str, key: &str, value: Vec<u8>) {
+    let topic = shared.config.topic(topic);
+    // Retried until delivered: a lost retry request or completion would lose a run.
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let record = FutureRecord::to(&topic).key(key.as_bytes()).payload(&value);
+        match shared.producer.send(record, Duration::from_secs(30)).await {
+            Ok(_) => return,
+            Err((e, _)) => {
+                warn!(topic = %topic, error = %e, "send failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}

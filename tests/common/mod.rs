@@ -1,0 +1,384 @@
+//! Shared by the integration tests: a real broker (started by `scripts/kafka` when
+//! `TOCSIN_TEST_BOOTSTRAP` is unset), unique topic prefixes and group ids, and the binary.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tocsin::config::Config;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The bootstrap address of the test broker. Starts one when none is given; a broker that
+/// cannot be started fails the test loudly (never a silent skip).
+pub fn bootstrap() -> String {
+    static ADDR: OnceLock<String> = OnceLock::new();
+    ADDR.get_or_init(|| {
+        if let Ok(addr) = std::env::var("TOCSIN_TEST_BOOTSTRAP") {
+            if !addr.trim().is_empty() {
+                return addr.trim().to_owned();
+            }
+        }
+        let out = Command::new(repo_root().join("scripts/kafka"))
+            .arg("start")
+            .output()
+            .expect("could not run scripts/kafka start");
+        assert!(
+            out.status.success(),
+            "scripts/kafka start failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .expect("scripts/kafka start printed no bootstrap address")
+            .trim()
+            .to_owned()
+    })
+    .clone()
+}
+
+/// A prefix no other test (or earlier run) uses.
+pub fn unique_prefix(test: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "t{}-{}-{}.",
+        std::process::id(),
+        test,
+        nanos % 1_000_000_000
+    )
+}
+
+/// A configuration for one test: its own prefix, few partitions so a broker that holds many
+/// test prefixes does not drown in partitions.
+pub fn test_config(test: &str) -> Config {
+    let mut c = Config {
+        bootstrap: bootstrap(),
+        topic_prefix: unique_prefix(test),
+        ..Config::default()
+    };
+    c.topics.job_partitions = 8;
+    c.topics.lane_partitions = 2;
+    c.topics.runs_partitions = 2;
+    c.topics.dead_partitions = 1;
+    c.topics.rejected_partitions = 1;
+    c.topics.replication_factor = 1;
+    c
+}
+
+pub fn tocsin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tocsin"))
+}
+
+/// Runs the binary with the broker and prefix of `config`.
+pub fn run_tocsin(config: &Config, args: &[&str]) -> Output {
+    tocsin()
+        .env_remove("TOCSIN_CONFIG")
+        .args([
+            "--bootstrap",
+            &config.bootstrap,
+            "--topic-prefix",
+            &config.topic_prefix,
+        ])
+        .args(args)
+        .output()
+        .expect("could not run tocsin")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The classpath of Kafka's own jars, for asking Kafka's Java code for reference answers.
+pub fn kafka_classpath() -> String {
+    let out = Command::new(repo_root().join("scripts/kafka"))
+        .arg("classpath")
+        .output()
+        .expect("could not run scripts/kafka classpath");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).trim().to_owned()
+}
+
+pub mod fleet {
+    //! Scheduler processes, bulk job writes and the exactly-once audit of the lanes.
+
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Stdio};
+    use std::time::{Duration, Instant};
+
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Headers;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    use tocsin::codec::{self, Framing};
+    use tocsin::config::Config;
+    use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, RetryPolicy, ScheduleSpec};
+    use tocsin::model::records::Run;
+
+    pub fn now_ms() -> i64 {
+        tocsin::cli::jobs::now_ms()
+    }
+
+    /// A job with a `kafka` handler and defaults everywhere else.
+    pub fn job(id: &str, tenant: &str, schedule: ScheduleSpec) -> JobDefinition {
+        JobDefinition {
+            id: id.into(),
+            tenant: tenant.into(),
+            schedule,
+            start_ms: None,
+            end_ms: None,
+            max_fires: None,
+            jitter_ms: 0,
+            dst_gap: Default::default(),
+            dst_repeat: Default::default(),
+            misfire: Default::default(),
+            catch_up_window_ms: 3_600_000,
+            overlap: Default::default(),
+            paused: false,
+            handler: HandlerSpec {
+                kind: HandlerKind::Kafka,
+                target: "out".into(),
+                payload: b"hello".to_vec(),
+                headers: Default::default(),
+                method: None,
+                args: vec![],
+            },
+            timeout_ms: 60_000,
+            retry: RetryPolicy::default(),
+            labels: Default::default(),
+            revision: 0,
+        }
+    }
+
+    pub fn every(ms: u64) -> ScheduleSpec {
+        ScheduleSpec::Interval {
+            every_ms: ms,
+            anchor_ms: 0,
+        }
+    }
+
+    pub fn cron(expr: &str, zone: &str) -> ScheduleSpec {
+        ScheduleSpec::Cron {
+            expr: expr.into(),
+            zone: zone.into(),
+        }
+    }
+
+    /// Writes raw records (key, value or tombstone) to a topic of the config.
+    pub async fn produce_raw(config: &Config, topic: &str, records: &[(Vec<u8>, Option<Vec<u8>>)]) {
+        let producer: FutureProducer = tocsin::kafka::producer_config(config).create().unwrap();
+        let topic = config.topic(topic);
+        // Enqueue everything first (send_result does not wait), then await the deliveries.
+        let futures: Vec<_> = records
+            .iter()
+            .map(|(k, v)| {
+                let mut r = FutureRecord::<[u8], [u8]>::to(&topic).key(k);
+                if let Some(v) = v {
+                    r = r.payload(v);
+                }
+                producer
+                    .send_result(r)
+                    .map_err(|(e, _)| e)
+                    .expect("enqueue")
+            })
+            .collect();
+        for f in futures {
+            f.await
+                .expect("delivery future")
+                .map_err(|(e, _)| e)
+                .expect("produce");
+        }
+    }
+
+    pub async fn put_jobs(config: &Config, jobs: &[JobDefinition]) {
+        let records: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                (
+                    j.id.as_bytes().to_vec(),
+                    Some(codec::encode(j, &Framing::SingleObject)),
+                )
+            })
+            .collect();
+        produce_raw(config, "jobs", &records).await;
+    }
+
+    pub async fn delete_job(config: &Config, id: &str) {
+        produce_raw(config, "jobs", &[(id.as_bytes().to_vec(), None)]).await;
+    }
+
+    /// A scheduler process of the real binary.
+    pub struct Node {
+        pub id: String,
+        pub child: Child,
+        pub log: PathBuf,
+    }
+
+    impl Node {
+        pub fn start(config: &Config, dir: &Path, id: &str) -> Node {
+            let cfg_path = dir.join("tocsin.toml");
+            if !cfg_path.exists() {
+                std::fs::write(&cfg_path, toml::to_string(config).unwrap()).unwrap();
+            }
+            let log = dir.join(format!("{id}.log"));
+            let out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .unwrap();
+            let child = super::tocsin()
+                .env_remove("TOCSIN_BOOTSTRAP")
+                .env_remove("TOCSIN_TOPIC_PREFIX")
+                .args([
+                    "--config",
+                    cfg_path.to_str().unwrap(),
+                    "--log",
+                    "info,librdkafka=warn",
+                ])
+                .args(["scheduler", "--node-id", id])
+                .stdout(Stdio::null())
+                .stderr(out)
+                .spawn()
+                .expect("start scheduler");
+            Node {
+                id: id.into(),
+                child,
+                log,
+            }
+        }
+
+        pub fn signal(&self, sig: i32) {
+            unsafe {
+                libc::kill(self.child.id() as i32, sig);
+            }
+        }
+
+        /// SIGTERM and wait for a clean exit; returns the node's log.
+        pub fn stop(mut self) -> String {
+            self.signal(libc::SIGTERM);
+            let status = self.child.wait().unwrap();
+            let log = self.log_text();
+            assert!(
+                status.success(),
+                "node {} exited with {status}:\n{log}",
+                self.id
+            );
+            log
+        }
+
+        pub fn kill(mut self) {
+            self.signal(libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+
+        pub fn log_text(&self) -> String {
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        }
+    }
+
+    impl Drop for Node {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// One run as a `read_committed` reader of a lane sees it.
+    #[derive(Debug, Clone)]
+    pub struct Seen {
+        pub lane: String,
+        pub run: Run,
+        pub fire_ms: i64,
+    }
+
+    /// Reads every lane of the config's prefix from the beginning, `read_committed`, until
+    /// nothing new arrived for `quiet`.
+    pub fn audit(config: &Config, quiet: Duration) -> Vec<Seen> {
+        let consumer: BaseConsumer = tocsin::kafka::consumer_config(config, "tocsin-test-audit")
+            .create()
+            .unwrap();
+        let md = consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .unwrap();
+        let lane_prefix = config.lane_topic("");
+        let mut tpl = TopicPartitionList::new();
+        for t in md
+            .topics()
+            .iter()
+            .filter(|t| t.name().starts_with(&lane_prefix))
+        {
+            for p in t.partitions() {
+                tpl.add_partition_offset(t.name(), p.id(), Offset::Beginning)
+                    .unwrap();
+            }
+        }
+        let mut out = Vec::new();
+        if tpl.count() == 0 {
+            return out;
+        }
+        consumer.assign(&tpl).unwrap();
+        let mut last = Instant::now();
+        while last.elapsed() < quiet {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    last = Instant::now();
+                    let run: Run = codec::decode(m.payload().unwrap())
+                        .expect("a lane record that is not a Run");
+                    let fire_ms = m
+                        .headers()
+                        .and_then(|h| h.iter().find(|h| h.key == "tocsin-fire-ms"))
+                        .and_then(|h| std::str::from_utf8(h.value.unwrap()).ok()?.parse().ok())
+                        .unwrap_or(run.fire_ms);
+                    out.push(Seen {
+                        lane: m.topic().to_owned(),
+                        run,
+                        fire_ms,
+                    });
+                }
+                Some(Err(e)) => panic!("audit consumer: {e}"),
+                None => {}
+            }
+        }
+        out
+    }
+
+    /// Runs by (job, scheduled instant) with how many times each was seen.
+    pub fn counts(seen: &[Seen]) -> BTreeMap<(String, i64), usize> {
+        let mut m = BTreeMap::new();
+        for s in seen {
+            *m.entry((s.run.job_id.clone(), s.run.scheduled_ms))
+                .or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// The duplicates (seen more than once).
+    pub fn duplicates(seen: &[Seen]) -> Vec<(String, i64, usize)> {
+        counts(seen)
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|((j, t), n)| (j, t, n))
+            .collect()
+    }
+
+    /// Waits until `f` holds, polling; panics with `what` after `limit`.
+    pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < limit,
+                "timed out after {limit:?} waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}

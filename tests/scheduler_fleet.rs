@@ -1,0 +1,273 @@
+//! Several scheduler processes against the real broker: takeover, kill -9, zombies, and a
+//! stopped fleet. Every test ends with the exactly-once audit of the lanes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::fleet::*;
+use common::*;
+use tocsin::config::Config;
+use tocsin::kafka::admin::{fleet_topics, Admin};
+use tocsin::model::job::{JobDefinition, MisfirePolicy};
+use tocsin::model::records::FireReason;
+
+/// The fleet tests load the machine; one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+async fn setup(test: &str) -> (Config, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(test);
+    config.scheduler.data_dir = dir.path().join("data");
+    Admin::new(&config)
+        .unwrap()
+        .ensure(&fleet_topics(&config))
+        .await
+        .unwrap();
+    (config, dir)
+}
+
+fn active_count(node: &Node) -> usize {
+    let log = node.log_text();
+    log.matches("partition active").count()
+}
+
+/// Partitions a node holds now, from its log (assigned and activated minus released).
+fn holds(node: &Node) -> usize {
+    let log = node.log_text();
+    log.matches("partition active")
+        .count()
+        .saturating_sub(log.matches("released partition").count())
+}
+
+fn every_second_jobs(n: usize, tenant: &str, prefix: &str) -> Vec<JobDefinition> {
+    (0..n)
+        .map(|i| job(&format!("{prefix}-{i}"), tenant, every(1000)))
+        .collect()
+}
+
+/// Asserts every job fired each second of [from, to] exactly once; returns the worst lateness.
+fn assert_exactly_once(seen: &[Seen], jobs: &[JobDefinition], from: i64, to: i64) -> i64 {
+    let dups = duplicates(seen);
+    assert!(
+        dups.is_empty(),
+        "{} duplicate runs, e.g. {:?}",
+        dups.len(),
+        &dups[..dups.len().min(10)]
+    );
+    let counts = counts(seen);
+    let mut missing = Vec::new();
+    for j in jobs {
+        let mut t = (from / 1000 + 1) * 1000;
+        while t <= to {
+            if !counts.contains_key(&(j.id.clone(), t)) {
+                missing.push((j.id.clone(), t));
+            }
+            t += 1000;
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} lost runs, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    seen.iter()
+        .filter(|s| s.run.scheduled_ms >= from && s.run.scheduled_ms <= to)
+        .map(|s| s.fire_ms - s.run.scheduled_ms)
+        .max()
+        .unwrap_or(0)
+}
+
+fn assert_co_partitioned(node: &Node) {
+    for line in node
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("assigned partitions"))
+    {
+        let field = |name: &str| {
+            let start = line.find(&format!("{name}=")).unwrap() + name.len() + 1;
+            let rest = &line[start..];
+            rest[..=rest.find(']').unwrap()].to_owned()
+        };
+        assert_eq!(
+            field("jobs"),
+            field("control"),
+            "jobs and control split: {line}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_stop_hands_partitions_over_exactly_once() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (config, dir) = setup("handover").await;
+    let n1 = Node::start(&config, dir.path(), "n1");
+    let n2 = Node::start(&config, dir.path(), "n2");
+    let parts = config.topics.job_partitions as usize;
+    wait_until(Duration::from_secs(60), "both nodes active", || {
+        holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts
+    });
+    assert_co_partitioned(&n1);
+    assert_co_partitioned(&n2);
+    let jobs = every_second_jobs(300, "acme", "h");
+    let t0 = now_ms();
+    put_jobs(&config, &jobs).await;
+    std::thread::sleep(Duration::from_secs(4));
+    n1.stop();
+    wait_until(Duration::from_secs(60), "n2 owns everything", || {
+        holds(&n2) == parts
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let t_end = now_ms();
+    n2.stop();
+    let seen = audit(&config, Duration::from_secs(3));
+    let worst = assert_exactly_once(&seen, &jobs, t0 + 2_000, t_end - 2_000);
+    println!(
+        "graceful handover: {} runs, worst lateness {worst} ms",
+        seen.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_loses_and_duplicates_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (config, dir) = setup("kill9").await;
+    let n1 = Node::start(&config, dir.path(), "n1");
+    let n2 = Node::start(&config, dir.path(), "n2");
+    let parts = config.topics.job_partitions as usize;
+    wait_until(Duration::from_secs(60), "both nodes active", || {
+        holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts
+    });
+    let jobs = every_second_jobs(5_000, "acme", "k");
+    let t0 = now_ms();
+    put_jobs(&config, &jobs).await;
+    std::thread::sleep(Duration::from_secs(5));
+    let t_kill = now_ms();
+    n1.kill();
+    wait_until(Duration::from_secs(60), "n2 takes over", || {
+        holds(&n2) == parts
+    });
+    let t_takeover = now_ms();
+    std::thread::sleep(Duration::from_secs(5));
+    let t_end = now_ms();
+    n2.stop();
+    let seen = audit(&config, Duration::from_secs(4));
+    let worst = assert_exactly_once(&seen, &jobs, t0 + 3_000, t_end - 2_000);
+    println!(
+        "kill -9: {} runs, takeover after {} ms, worst lateness {worst} ms",
+        seen.len(),
+        t_takeover - t_kill
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_zombie_is_fenced() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (config, dir) = setup("zombie").await;
+    let n1 = Node::start(&config, dir.path(), "n1");
+    let n2 = Node::start(&config, dir.path(), "n2");
+    let parts = config.topics.job_partitions as usize;
+    wait_until(Duration::from_secs(60), "both nodes active", || {
+        holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts
+    });
+    let jobs = every_second_jobs(1_000, "acme", "z");
+    let t0 = now_ms();
+    put_jobs(&config, &jobs).await;
+    std::thread::sleep(Duration::from_secs(4));
+    n1.signal(libc::SIGSTOP);
+    let before = active_count(&n2);
+    wait_until(
+        Duration::from_secs(60),
+        "n2 takes over from the stopped node",
+        || active_count(&n2) > before && holds(&n2) == parts,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    n1.signal(libc::SIGCONT);
+    std::thread::sleep(Duration::from_secs(6));
+    let t_end = now_ms();
+    n2.stop();
+    let n1_log = n1.stop();
+    let seen = audit(&config, Duration::from_secs(4));
+    let worst = assert_exactly_once(&seen, &jobs, t0 + 2_000, t_end - 2_000);
+    let fenced = n1_log
+        .lines()
+        .filter(|l| l.contains("scheduler step failed") || l.contains("released partition"))
+        .count();
+    println!(
+        "zombie: {} runs, worst lateness {worst} ms, stale-node fence/release events {fenced}",
+        seen.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_fleet_applies_each_misfire_policy() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut config, dir) = setup("misfire").await;
+    config.scheduler.misfire_threshold_ms = 5_000;
+    let mut jobs = Vec::new();
+    for (name, policy) in [
+        ("once", MisfirePolicy::FireOnce),
+        ("all", MisfirePolicy::FireAll),
+        ("skip", MisfirePolicy::Skip),
+    ] {
+        let mut j = job(&format!("mf-{name}"), "acme", every(1000));
+        j.misfire = policy;
+        jobs.push(j);
+    }
+    let parts = config.topics.job_partitions as usize;
+    let n1 = Node::start(&config, dir.path(), "n1");
+    wait_until(Duration::from_secs(60), "node active", || {
+        holds(&n1) == parts
+    });
+    put_jobs(&config, &jobs).await;
+    std::thread::sleep(Duration::from_secs(4));
+    n1.stop();
+    let t_stop = now_ms();
+    std::thread::sleep(Duration::from_secs(30));
+    let t_restart = now_ms();
+    let n1 = Node::start(&config, dir.path(), "n1");
+    std::thread::sleep(Duration::from_secs(10));
+    let t_end = now_ms();
+    n1.stop();
+
+    let seen = audit(&config, Duration::from_secs(3));
+    assert!(duplicates(&seen).is_empty(), "{:?}", duplicates(&seen));
+    let instants = |job: &str, reason: Option<FireReason>| -> BTreeSet<i64> {
+        seen.iter()
+            .filter(|s| s.run.job_id == job && reason.is_none_or(|r| s.run.reason == r))
+            .map(|s| s.run.scheduled_ms)
+            .collect()
+    };
+    // The gap: instants certainly missed while no node ran.
+    let gap = |t: &i64| *t > t_stop + 1_000 && *t < t_restart;
+
+    let all = instants("mf-all", None);
+    let mut t = (t_stop / 1000 + 2) * 1000;
+    while t < t_end - 2_000 {
+        assert!(all.contains(&t), "fire_all lost {t}");
+        t += 1000;
+    }
+    assert!(instants("mf-all", Some(FireReason::CatchUp)).len() >= 25);
+
+    let once = instants("mf-once", None);
+    assert!(
+        !once.iter().any(gap),
+        "fire_once fired missed instants one by one"
+    );
+    assert_eq!(
+        instants("mf-once", Some(FireReason::CatchUp)).len(),
+        1,
+        "fire_once: one catch-up run"
+    );
+
+    let skip = instants("mf-skip", None);
+    assert!(!skip.iter().any(gap), "skip fired a missed instant");
+    assert!(instants("mf-skip", Some(FireReason::CatchUp)).is_empty());
+    assert!(
+        skip.iter().any(|t| *t > t_restart),
+        "skip did not resume its schedule"
+    );
+}
