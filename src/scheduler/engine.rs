@@ -155,7 +155,12 @@ impl Engine {
         status: Arc<NodeStatus>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Engine> {
-        let dir = config.scheduler.data_dir.join(&node_id);
+        // One store per (topic prefix, node): two fleets sharing a data directory never mix.
+        let dir = config
+            .scheduler
+            .data_dir
+            .join(config.topic_prefix.trim_end_matches('.'))
+            .join(&node_id);
         std::fs::create_dir_all(&dir).map_err(|e| SchedulerError::DataDir {
             path: dir.clone(),
             source: e,
@@ -369,9 +374,16 @@ impl Engine {
     fn start_restore(&mut self, p: i32) {
         self.assignments += 1;
         let now = (self.now)();
+        // A checkpoint outside the partition's current offsets belongs to another topic of
+        // the same name (a recreated topic): trust it only when it fits.
+        let bounds = self
+            .restorer
+            .fetch_watermarks(&self.topics.timers, p, Duration::from_secs(10))
+            .ok();
         let from = match self.store.checkpoint(p as u16) {
             Ok(Some(Checkpoint { offset, written_ms }))
-                if now - written_ms < CHECKPOINT_MAX_AGE_MS =>
+                if now - written_ms < CHECKPOINT_MAX_AGE_MS
+                    && bounds.is_some_and(|(low, high)| offset >= low && offset <= high) =>
             {
                 Offset::Offset(offset)
             }
@@ -402,13 +414,15 @@ impl Engine {
     }
 
     fn release(&mut self, p: i32) {
-        if let Some(phase) = self.parts.remove(&p) {
-            if matches!(phase, Phase::Restoring { .. }) {
+        match self.parts.remove(&p) {
+            Some(Phase::Restoring { .. }) => {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&self.topics.timers, p);
                 let _ = self.restorer.incremental_unassign(&tpl);
+                info!(partition = p, "abandoned restore of partition");
             }
-            info!(partition = p, "released partition");
+            Some(Phase::Active) => info!(partition = p, "released partition"),
+            None => {}
         }
         self.committed.remove(&(self.topics.jobs.clone(), p));
         self.committed.remove(&(self.topics.control.clone(), p));

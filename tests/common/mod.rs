@@ -225,6 +225,20 @@ pub mod fleet {
 
     impl Node {
         pub fn start(config: &Config, dir: &Path, id: &str) -> Node {
+            Node::spawn(config, dir, id, &["scheduler", "--node-id", id])
+        }
+
+        /// A worker of `pool` on every lane.
+        pub fn worker(config: &Config, dir: &Path, id: &str, pool: &str) -> Node {
+            Node::spawn(
+                config,
+                dir,
+                id,
+                &["worker", "--pool", pool, "--lanes", "*", "--worker-id", id],
+            )
+        }
+
+        fn spawn(config: &Config, dir: &Path, id: &str, args: &[&str]) -> Node {
             let cfg_path = dir.join("tocsin.toml");
             if !cfg_path.exists() {
                 std::fs::write(&cfg_path, toml::to_string(config).unwrap()).unwrap();
@@ -244,7 +258,7 @@ pub mod fleet {
                     "--log",
                     "info,librdkafka=warn",
                 ])
-                .args(["scheduler", "--node-id", id])
+                .args(args)
                 .stdout(Stdio::null())
                 .stderr(out)
                 .spawn()
@@ -380,5 +394,52 @@ pub mod fleet {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+}
+
+/// Reading whole topics (events, dead letters) from the beginning.
+pub mod topics {
+    use std::time::{Duration, Instant};
+
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    use tocsin::config::Config;
+
+    /// Every record of a topic of the config, until nothing new came for `quiet`.
+    pub fn read_all(config: &Config, topic: &str, quiet: Duration) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let topic = config.topic(topic);
+        let consumer: BaseConsumer = tocsin::kafka::consumer_config(config, "tocsin-test-read")
+            .create()
+            .unwrap();
+        let md = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        let mut out = Vec::new();
+        let mut last = Instant::now();
+        while last.elapsed() < quiet {
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.unwrap();
+                last = Instant::now();
+                out.push((
+                    m.key().unwrap_or_default().to_vec(),
+                    m.payload().unwrap_or_default().to_vec(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// The run events on `runs`.
+    pub fn events(config: &Config, quiet: Duration) -> Vec<tocsin::model::records::RunEvent> {
+        read_all(config, "runs", quiet)
+            .into_iter()
+            .map(|(_, v)| tocsin::codec::decode(&v).expect("a runs record that is not a RunEvent"))
+            .collect()
     }
 }

@@ -1,0 +1,265 @@
+//! The audit consumer: reads every lane from the beginning as a worker would (`read_committed`)
+//! while the scenario runs, and notes for each run the instant it became visible. Then checks
+//! each expected (job, scheduled instant) was seen exactly once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use tocsin::codec;
+use tocsin::config::Config;
+use tocsin::model::records::{run_id, Run};
+
+use crate::load::job_index;
+use crate::now_ms;
+
+/// One run as the audit consumer saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Obs {
+    pub job: u32,
+    pub tenant: u16,
+    pub scheduled_ms: i64,
+    /// Wall clock when the record came out of `poll`.
+    pub seen_ms: i64,
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    obs: Mutex<Vec<Obs>>,
+    /// Records that are not a well-formed run of a loadtest job (bad value, key, headers, id).
+    malformed: AtomicU64,
+    error: Mutex<Option<String>>,
+}
+
+pub struct Audit {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Audit {
+    /// Starts reading `lanes` (topics that must exist, each with the one tenant whose runs it
+    /// may hold, or `None` for any) from their beginning.
+    pub fn start(config: &Config, lanes: &[(String, Option<String>)]) -> Result<Audit> {
+        let mut cc = tocsin::kafka::consumer_config(config, "tocsin-loadtest-audit");
+        cc.set("client.id", "tocsin-loadtest-audit");
+        // Low fetch wait: the lag we measure must be the scheduler's, not ours.
+        cc.set("fetch.wait.max.ms", "10");
+        let consumer: BaseConsumer = cc.create().context("could not create the audit consumer")?;
+        let mut tpl = TopicPartitionList::new();
+        for (topic, _) in lanes {
+            for p in 0..config.topics.lane_partitions as i32 {
+                tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+            }
+        }
+        let lanes: HashMap<String, Option<String>> = lanes.iter().cloned().collect();
+        consumer
+            .assign(&tpl)
+            .context("could not assign the lanes to the audit consumer")?;
+        let shared = Arc::new(Shared::default());
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("audit".into())
+            .spawn(move || read(consumer, lanes, s))?;
+        Ok(Audit {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// How many runs seen so far satisfy `f`.
+    pub fn count(&self, f: impl Fn(&Obs) -> bool) -> usize {
+        self.shared
+            .obs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| f(o))
+            .count()
+    }
+
+    /// Fails if the consumer failed.
+    pub fn check(&self) -> Result<()> {
+        if let Some(e) = self.shared.error.lock().unwrap().clone() {
+            anyhow::bail!("audit consumer failed: {e}");
+        }
+        Ok(())
+    }
+
+    /// Stops reading; returns every run seen and the count of malformed records.
+    pub fn finish(mut self) -> Result<(Vec<Obs>, u64)> {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.check()?;
+        let obs = std::mem::take(&mut *self.shared.obs.lock().unwrap());
+        Ok((obs, self.shared.malformed.load(Ordering::Relaxed)))
+    }
+}
+
+impl Drop for Audit {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn read(consumer: BaseConsumer, lanes: HashMap<String, Option<String>>, shared: Arc<Shared>) {
+    let mut batch = Vec::with_capacity(4096);
+    while !shared.stop.load(Ordering::Relaxed) {
+        match consumer.poll(Duration::from_millis(20)) {
+            Some(Ok(m)) => {
+                let seen_ms = now_ms();
+                match check(&m, &lanes, seen_ms) {
+                    Some(o) => batch.push(o),
+                    None => {
+                        shared.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if batch.len() < 4096 {
+                    continue;
+                }
+            }
+            Some(Err(e)) => {
+                *shared.error.lock().unwrap() = Some(e.to_string());
+                return;
+            }
+            None => {}
+        }
+        if !batch.is_empty() {
+            shared.obs.lock().unwrap().append(&mut batch);
+        }
+    }
+    shared.obs.lock().unwrap().append(&mut batch);
+}
+
+/// The run a lane record holds, if it is a well-formed run of a loadtest job: the value decodes,
+/// the key is the job id, the headers and the run id agree with the value, and the lane is the
+/// job's tenant's. Tenants are named `t<index>`.
+fn check<M: Message>(m: &M, lanes: &HashMap<String, Option<String>>, seen_ms: i64) -> Option<Obs> {
+    let lane_tenant = lanes.get(m.topic())?;
+    let run: Run = codec::decode(m.payload()?).ok()?;
+    let header = |name: &str| -> Option<i64> {
+        let h = m.headers()?.iter().find(|h| h.key == name)?;
+        std::str::from_utf8(h.value?).ok()?.parse().ok()
+    };
+    let ok = m.key() == Some(run.job_id.as_bytes())
+        && header("tocsin-scheduled-ms") == Some(run.scheduled_ms)
+        && run.run_id == run_id(&run.job_id, run.scheduled_ms)
+        && lane_tenant.as_ref().is_none_or(|t| *t == run.tenant);
+    if !ok {
+        return None;
+    }
+    Some(Obs {
+        job: job_index(&run.job_id)?,
+        tenant: run.tenant.strip_prefix('t')?.parse().ok()?,
+        scheduled_ms: run.scheduled_ms,
+        seen_ms,
+    })
+}
+
+/// The verdict of the audit over a window of scheduled instants.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub expected: u64,
+    /// Expected runs seen (at least once).
+    pub fires: u64,
+    pub lost: u64,
+    /// Sightings beyond the first of an expected run.
+    pub duplicates: u64,
+    /// Runs in the window that no schedule asked for.
+    pub unexpected: u64,
+    /// First sightings of expected runs.
+    pub firsts: Vec<Obs>,
+}
+
+/// Checks every expected `(job, instant)` given by `expected` (instants of job `j` in the
+/// window `[from_ms, to_ms)`) against the runs seen with a scheduled instant in the window.
+pub fn verdict(
+    obs: &[Obs],
+    jobs: impl Iterator<Item = u32>,
+    expected: &dyn Fn(u32, &mut Vec<i64>),
+    from_ms: i64,
+    to_ms: i64,
+) -> Verdict {
+    let mut seen: HashMap<(u32, i64), (u32, usize)> = HashMap::new();
+    for (i, o) in obs.iter().enumerate() {
+        if o.scheduled_ms < from_ms || o.scheduled_ms >= to_ms {
+            continue;
+        }
+        seen.entry((o.job, o.scheduled_ms))
+            .and_modify(|(n, first)| {
+                *n += 1;
+                if obs[*first].seen_ms > o.seen_ms {
+                    *first = i;
+                }
+            })
+            .or_insert((1, i));
+    }
+    let mut v = Verdict::default();
+    let mut instants = Vec::new();
+    let mut matched = 0usize;
+    for j in jobs {
+        instants.clear();
+        expected(j, &mut instants);
+        for t in &instants {
+            v.expected += 1;
+            match seen.get(&(j, *t)) {
+                Some((n, first)) => {
+                    matched += 1;
+                    v.fires += 1;
+                    v.duplicates += u64::from(n - 1);
+                    v.firsts.push(obs[*first]);
+                }
+                None => v.lost += 1,
+            }
+        }
+    }
+    v.unexpected = (seen.len() - matched) as u64;
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn o(job: u32, scheduled_ms: i64, seen_ms: i64) -> Obs {
+        Obs {
+            job,
+            tenant: 0,
+            scheduled_ms,
+            seen_ms,
+        }
+    }
+
+    #[test]
+    fn verdict_counts_lost_duplicate_and_unexpected_runs() {
+        let obs = [
+            o(0, 1000, 1010),
+            o(0, 2000, 2050),
+            o(0, 2000, 2020), // a duplicate, seen earlier than the other copy
+            o(1, 1000, 1100),
+            o(1, 1500, 1600), // not an instant of job 1
+            o(1, 9000, 9000), // outside the window
+        ];
+        let every_second = |_: u32, out: &mut Vec<i64>| out.extend([1000, 2000]);
+        let v = verdict(&obs, 0..2u32, &every_second, 1000, 3000);
+        assert_eq!(v.expected, 4);
+        assert_eq!(v.fires, 3);
+        assert_eq!(v.lost, 1); // job 1 at 2000
+        assert_eq!(v.duplicates, 1);
+        assert_eq!(v.unexpected, 1);
+        let dup = v
+            .firsts
+            .iter()
+            .find(|f| f.job == 0 && f.scheduled_ms == 2000)
+            .unwrap();
+        assert_eq!(dup.seen_ms, 2020);
+    }
+}

@@ -1,0 +1,194 @@
+//! `tocsin-loadtest`: the system benchmark and exactly-once audit of Tocsin (DESIGN §7).
+//!
+//! It runs real `tocsin scheduler` processes against a real broker, loads jobs through `jobs`
+//! as users do, reads the lanes as a `read_committed` worker would, and reports what it saw:
+//! lag from each run's scheduled instant to its visibility, lost and duplicate runs, and
+//! throughputs beside a raw transactional produce baseline measured in the same run.
+//!
+//! Must never: report a number it did not measure, or measure with a client setting that
+//! differs from the one it compares against. See `loadtest/README.md` for the commands.
+
+mod audit;
+mod baseline;
+mod chart;
+mod fleet;
+mod load;
+mod report;
+mod scenarios;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Jobs spread so that `--rate` runs fall due every second, for `--duration-s`.
+    Steady,
+    /// `--jobs` runs due in the same second across `--tenants` (`--skew` held by the first).
+    Herd,
+    /// Steady load on `--nodes`; one node is killed (`kill -9`) or stopped (SIGSTOP/SIGCONT).
+    Failover,
+    /// `--jobs` timers on one node: its peak RSS, then the restore time of a node taking over.
+    Capacity,
+    /// Raw transactional produce of the records fires write, alone.
+    Baseline,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Steady => "steady",
+            Scenario::Herd => "herd",
+            Scenario::Failover => "failover",
+            Scenario::Capacity => "capacity",
+            Scenario::Baseline => "baseline",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Align {
+    /// Instants spread evenly over the period (millisecond resolution).
+    Spread,
+    /// Instants on whole seconds (as cron schedules are).
+    Second,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KillMode {
+    /// SIGKILL: the node dies.
+    Kill,
+    /// SIGSTOP, then SIGCONT after `--stop-for-s`: a zombie that must be fenced.
+    Stop,
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "tocsin-loadtest",
+    about = "System benchmark and exactly-once audit of Tocsin"
+)]
+pub struct Args {
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Kafka bootstrap servers; without it, `scripts/kafka start` provides a local broker.
+    #[arg(long, env = "TOCSIN_LOADTEST_BOOTSTRAP")]
+    pub bootstrap: Option<String>,
+    /// The `tocsin` binary; defaults to the one beside this program.
+    #[arg(long)]
+    pub tocsin_bin: Option<PathBuf>,
+    /// Where node configs, logs and data go; a fresh temporary directory by default.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Keep the work directory (it is kept anyway when the run fails).
+    #[arg(long)]
+    pub keep: bool,
+    /// Topic prefix; a fresh one per run by default.
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Draw lag over time per tenant into this PNG.
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+    /// Partitions of `jobs`, `timers` and `control`.
+    #[arg(long, default_value_t = 1024)]
+    pub partitions: u32,
+    /// Partitions of each lane topic.
+    #[arg(long, default_value_t = 8)]
+    pub lane_partitions: u32,
+    /// Scheduler nodes [default: 3 for failover, 1 otherwise].
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// `scheduler.tick_ms` of the nodes.
+    #[arg(long, default_value_t = 1000)]
+    pub tick_ms: u64,
+    /// `scheduler.max_runs_per_transaction` of the nodes (and of the baseline).
+    #[arg(long, default_value_t = 5000)]
+    pub max_runs_per_transaction: usize,
+    /// Steady, failover: runs due per second.
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// Steady, failover: the interval of every job; jobs = rate × period.
+    #[arg(long, default_value_t = 10_000)]
+    pub period_ms: u64,
+    /// Length of the measured window [default: 30; capacity 10].
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Job count: herd runs [300000], capacity timers [1000000], steady/failover/baseline
+    /// override of rate × period.
+    #[arg(long)]
+    pub jobs: Option<u64>,
+    /// Tenants (one lane topic each).
+    #[arg(long, default_value_t = 4)]
+    pub tenants: usize,
+    /// Share of the jobs held by tenant t0 [default: 0.9 for herd, even otherwise].
+    #[arg(long)]
+    pub skew: Option<f64>,
+    /// Steady, failover: where instants fall within a second.
+    #[arg(long, value_enum, default_value_t = Align::Spread)]
+    pub align: Align,
+    /// Failover: seconds into the window when the node is killed [default: a third of it].
+    #[arg(long)]
+    pub kill_at_s: Option<f64>,
+    #[arg(long, value_enum, default_value_t = KillMode::Kill)]
+    pub kill_mode: KillMode,
+    /// Failover with `--kill-mode stop`: seconds the node stays stopped.
+    #[arg(long, default_value_t = 15)]
+    pub stop_for_s: u64,
+    /// Bytes of handler payload per job (so per run).
+    #[arg(long, default_value_t = 100)]
+    pub payload_bytes: usize,
+    /// Fires produced by the baseline [default: the scenario's fires, at most 300000; 0 skips].
+    #[arg(long)]
+    pub baseline_fires: Option<u64>,
+    /// Capacity: jobs that fire every second, to check the restored node fires.
+    #[arg(long, default_value_t = 100)]
+    pub probes: u64,
+}
+
+pub fn now_ms() -> i64 {
+    tocsin::cli::jobs::now_ms()
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("TOCSIN_LOADTEST_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let outcome = scenarios::run(&args);
+    match outcome {
+        Ok((report, chart)) => {
+            print!("{}", report.table());
+            if let Some(path) = &args.report {
+                let json = serde_json::to_string_pretty(&report).expect("report serializes");
+                if let Err(e) = std::fs::write(path, json + "\n") {
+                    eprintln!("error: could not write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            if let (Some(path), Some(chart)) = (&args.chart, chart) {
+                if let Err(e) = chart::render(&chart, path) {
+                    eprintln!("error: {e:#}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            if report.audit_passed() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("error: the audit failed: lost or duplicate runs (see the report)");
+                ExitCode::from(2)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

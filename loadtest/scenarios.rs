@@ -1,0 +1,866 @@
+//! The scenarios: set up a fresh prefix, start nodes, load jobs, measure a window, audit it.
+//!
+//! Time is wall-clock milliseconds throughout (the nodes schedule on it, and the audit's
+//! "visible at" is read from it), so lag is one clock minus itself.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use tocsin::config::Config;
+use tocsin::kafka::admin::{fleet_topics, lane_topic, Admin};
+use tocsin::model::job::{JobDefinition, ScheduleSpec};
+
+use crate::audit::{verdict, Audit, Verdict};
+use crate::chart::{Chart, Series};
+use crate::fleet::{wait_all_active, Node};
+use crate::load::{job, put_jobs, wait_indexed};
+use crate::report::{Event, Lag, Report, Settings};
+use crate::{now_ms, Align, Args, KillMode, Scenario};
+
+/// Everything a scenario shares.
+struct Ctx<'a> {
+    args: &'a Args,
+    rt: tokio::runtime::Runtime,
+    config: Config,
+    cfg_path: PathBuf,
+    dir: PathBuf,
+    bin: PathBuf,
+    tenants: Vec<String>,
+    skew: f64,
+    session_timeout_ms: Option<i64>,
+    notes: Vec<String>,
+    events: Vec<Event>,
+}
+
+pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
+    let mut ctx = Ctx::new(args)?;
+    let result = match args.scenario {
+        Scenario::Steady | Scenario::Failover => steady(&mut ctx),
+        Scenario::Herd => herd(&mut ctx),
+        Scenario::Capacity => capacity(&mut ctx),
+        Scenario::Baseline => baseline_only(&mut ctx),
+    };
+    match &result {
+        Ok((r, _)) if r.audit_passed() && !args.keep => {
+            let _ = std::fs::remove_dir_all(&ctx.dir);
+        }
+        _ => tracing::info!(dir = %ctx.dir.display(), "work directory kept"),
+    }
+    result
+}
+
+impl<'a> Ctx<'a> {
+    fn new(args: &'a Args) -> Result<Ctx<'a>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let bootstrap = match &args.bootstrap {
+            Some(b) => b.clone(),
+            None => local_broker()?,
+        };
+        let prefix = args.prefix.clone().unwrap_or_else(|| {
+            format!(
+                "lt{}-{}-{}.",
+                std::process::id(),
+                args.scenario.name(),
+                now_ms() % 100_000_000
+            )
+        });
+        let dir = match &args.work_dir {
+            Some(d) => d.clone(),
+            None => std::env::temp_dir()
+                .join(format!("tocsin-loadtest-{}", prefix.trim_end_matches('.'))),
+        };
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("could not create {}", dir.display()))?;
+        let mut config = Config {
+            bootstrap,
+            topic_prefix: prefix,
+            ..Config::default()
+        };
+        config.topics.job_partitions = args.partitions;
+        config.topics.lane_partitions = args.lane_partitions;
+        config.topics.runs_partitions = args.lane_partitions;
+        config.topics.dead_partitions = 1;
+        config.topics.rejected_partitions = 1;
+        config.topics.replication_factor = 1;
+        config.scheduler.tick_ms = args.tick_ms;
+        config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
+        config.scheduler.data_dir = dir.join("data");
+        config.validate()?;
+        let cfg_path = dir.join("tocsin.toml");
+        std::fs::write(&cfg_path, toml::to_string(&config)?)?;
+
+        let bin = match &args.tocsin_bin {
+            Some(b) => b.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("this program has no directory")?
+                .join("tocsin"),
+        };
+        if args.scenario != Scenario::Baseline && !bin.exists() {
+            bail!(
+                "no tocsin binary at {} (build it, or pass --tocsin-bin)",
+                bin.display()
+            );
+        }
+        let tenants: Vec<String> = (0..args.tenants.max(1)).map(|i| format!("t{i}")).collect();
+        let skew = args.skew.unwrap_or(if args.scenario == Scenario::Herd {
+            0.9
+        } else {
+            0.0
+        });
+        if !(0.0..=1.0).contains(&skew) {
+            bail!("--skew {skew} must be between 0 and 1");
+        }
+
+        // Lanes exist before the audit starts, so it reads them from their first record.
+        let admin = Admin::new(&config)?;
+        let mut topics = fleet_topics(&config);
+        topics.extend(tenants.iter().map(|t| lane_topic(&config, t)));
+        rt.block_on(admin.ensure(&topics))
+            .context("could not create the topics")?;
+        let session_timeout_ms = rt
+            .block_on(broker_setting(&config, "group.consumer.session.timeout.ms"))
+            .and_then(|v| v.parse().ok());
+        tracing::info!(prefix = %config.topic_prefix, dir = %dir.display(), "topics ready");
+        Ok(Ctx {
+            args,
+            rt,
+            config,
+            cfg_path,
+            dir,
+            bin,
+            tenants,
+            skew,
+            session_timeout_ms,
+            notes: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+
+    fn tenant_of(&self, i: u64) -> usize {
+        let t = self.tenants.len();
+        if t == 1 {
+            0
+        } else if self.skew > 0.0 {
+            if ((i % 1000) as f64) < self.skew * 1000.0 {
+                0
+            } else {
+                1 + (i as usize) % (t - 1)
+            }
+        } else {
+            (i as usize) % t
+        }
+    }
+
+    fn lanes(&self) -> Vec<(String, Option<String>)> {
+        self.tenants
+            .iter()
+            .map(|t| (self.config.lane_topic(t), Some(t.clone())))
+            .collect()
+    }
+
+    fn start_nodes(&self, n: usize) -> Result<Vec<Node>> {
+        let mut nodes = (1..=n)
+            .map(|i| Node::start(&self.bin, &self.cfg_path, &self.dir, &format!("n{i}")))
+            .collect::<Result<Vec<_>>>()?;
+        let limit = Duration::from_secs(120 + u64::from(self.config.topics.job_partitions) / 4);
+        let took = wait_all_active(
+            &mut nodes.iter_mut().collect::<Vec<_>>(),
+            self.config.topics.job_partitions,
+            limit,
+        )?;
+        tracing::info!(
+            nodes = n,
+            secs = took.as_secs_f64(),
+            "every partition active"
+        );
+        Ok(nodes)
+    }
+
+    /// Loads `n` jobs and waits until they are indexed; returns jobs indexed per second.
+    fn load(&self, n: u64, make: &dyn Fn(u64) -> JobDefinition) -> Result<(f64, i64)> {
+        let loaded = put_jobs(&self.config, 0, n, make)?;
+        tracing::info!(
+            jobs = n,
+            secs = loaded.produce_s,
+            "job definitions produced"
+        );
+        let limit = Duration::from_secs(120 + n / 5_000);
+        let indexed = wait_indexed(&self.config, &loaded.ends, limit)?;
+        let secs = indexed.duration_since(loaded.started).as_secs_f64();
+        tracing::info!(jobs = n, secs, "job definitions indexed");
+        Ok((n as f64 / secs, now_ms()))
+    }
+
+    fn settings(&self, rate: Option<u64>, period: Option<u64>, duration: Option<u64>) -> Settings {
+        let a = self.args;
+        let failover = a.scenario == Scenario::Failover;
+        Settings {
+            bootstrap: self.config.bootstrap.clone(),
+            topic_prefix: self.config.topic_prefix.clone(),
+            job_partitions: self.config.topics.job_partitions,
+            lane_partitions: self.config.topics.lane_partitions,
+            tenants: self.tenants.len(),
+            skew: self.skew,
+            rate_per_s: rate,
+            period_ms: period,
+            duration_s: duration,
+            align: format!("{:?}", a.align).to_lowercase(),
+            tick_ms: self.config.scheduler.tick_ms,
+            max_runs_per_transaction: self.config.scheduler.max_runs_per_transaction,
+            payload_bytes: a.payload_bytes,
+            kill_mode: failover.then(|| format!("{:?}", a.kill_mode).to_lowercase()),
+            kill_at_s: None,
+            session_timeout_ms: self.session_timeout_ms,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            release_build: !cfg!(debug_assertions),
+        }
+    }
+
+    /// The baseline of `fires` fires over the jobs `make` makes, unless skipped.
+    fn baseline(
+        &mut self,
+        fires: u64,
+        jobs: u64,
+        make: &dyn Fn(u64) -> JobDefinition,
+    ) -> Result<Option<f64>> {
+        let n = self.args.baseline_fires.unwrap_or(fires.min(300_000));
+        if n == 0 {
+            return Ok(None);
+        }
+        let b = crate::baseline::run(&self.rt, &self.config, n, jobs, make)?;
+        tracing::info!(
+            fires = b.fires,
+            secs = b.secs,
+            per_s = b.per_s,
+            "baseline done"
+        );
+        Ok(Some(b.per_s))
+    }
+}
+
+/// `scripts/kafka start` of this repository; its last line is the bootstrap address.
+fn local_broker() -> Result<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
+    let out = Command::new(&script)
+        .arg("start")
+        .output()
+        .with_context(|| format!("could not run {} start", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} start failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .context("scripts/kafka start printed no bootstrap address")
+}
+
+/// A setting of the (first) broker, for the report.
+async fn broker_setting(config: &Config, name: &str) -> Option<String> {
+    let client: AdminClient<DefaultClientContext> =
+        tocsin::kafka::base_config(config).create().ok()?;
+    let md = client
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .ok()?;
+    let id = md.brokers().first()?.id();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let res = client
+        .describe_configs(&[ResourceSpecifier::Broker(id)], &opts)
+        .await
+        .ok()?;
+    let resource = res.into_iter().next()?.ok()?;
+    resource.get(name).and_then(|e| e.value.clone())
+}
+
+fn ceil_second(ms: i64) -> i64 {
+    (ms + 999) / 1000 * 1000
+}
+
+/// Sleeps until the wall clock reaches `at_ms`, checking the nodes and the audit meanwhile.
+fn sleep_until(at_ms: i64, nodes: &mut [Node], audit: &Audit) -> Result<()> {
+    loop {
+        for n in nodes.iter_mut() {
+            n.check_alive()?;
+        }
+        audit.check()?;
+        let left = at_ms - now_ms();
+        if left <= 0 {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(left.min(100) as u64));
+    }
+}
+
+/// Waits until `want` runs scheduled in `[from, to)` are visible, or `limit` passes; then
+/// `quiet` more, so a late duplicate would still be seen.
+fn wait_visible(
+    audit: &Audit,
+    want: u64,
+    from: i64,
+    to: i64,
+    limit: Duration,
+    quiet: Duration,
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        audit.check()?;
+        let got = audit.count(|o| o.scheduled_ms >= from && o.scheduled_ms < to) as u64;
+        if got >= want {
+            break;
+        }
+        if started.elapsed() > limit {
+            tracing::warn!(got, want, "not every expected run became visible in time");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(quiet);
+    Ok(())
+}
+
+fn peak_rss(nodes: &[Node]) -> Option<f64> {
+    nodes.iter().filter_map(Node::peak_rss_mb).reduce(f64::max)
+}
+
+fn stop_all(nodes: &mut [Node]) -> Result<()> {
+    for n in nodes.iter_mut() {
+        n.stop(Duration::from_secs(30))?;
+    }
+    Ok(())
+}
+
+/// Lag percentiles overall and p99 per tenant, from first sightings.
+fn lags(v: &Verdict, tenants: &[String]) -> (Option<Lag>, BTreeMap<String, i64>) {
+    let mut all: Vec<i64> = v
+        .firsts
+        .iter()
+        .map(|o| o.seen_ms - o.scheduled_ms)
+        .collect();
+    let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for o in &v.firsts {
+        let name = tenants
+            .get(o.tenant as usize)
+            .cloned()
+            .unwrap_or_else(|| format!("t{}", o.tenant));
+        per.entry(name)
+            .or_default()
+            .push(o.seen_ms - o.scheduled_ms);
+    }
+    let per = per
+        .into_iter()
+        .filter_map(|(t, mut l)| Lag::of(&mut l).map(|l| (t, l.p99)))
+        .collect();
+    (Lag::of(&mut all), per)
+}
+
+/// Lag over scheduled time per tenant, x in seconds from `origin_ms`.
+fn lag_chart(
+    title: String,
+    v: &Verdict,
+    tenants: &[String],
+    origin_ms: i64,
+    marks: Vec<(f64, String)>,
+) -> Chart {
+    let mut series: Vec<Series> = tenants
+        .iter()
+        .map(|t| Series {
+            name: t.clone(),
+            points: Vec::new(),
+        })
+        .collect();
+    for o in &v.firsts {
+        if let Some(s) = series.get_mut(o.tenant as usize) {
+            s.points.push((
+                (o.scheduled_ms - origin_ms) as f64 / 1000.0,
+                (o.seen_ms - o.scheduled_ms) as f64,
+            ));
+        }
+    }
+    series.retain(|s| !s.points.is_empty());
+    Chart {
+        title,
+        x_label: "scheduled instant, s from window start".into(),
+        y_label: "lag ms".into(),
+        series,
+        marks,
+    }
+}
+
+fn report(
+    ctx: &Ctx<'_>,
+    jobs: u64,
+    nodes: usize,
+    v: &Verdict,
+    malformed: u64,
+    settings: Settings,
+) -> Report {
+    let (lag, per_tenant) = lags(v, &ctx.tenants);
+    Report {
+        scenario: ctx.args.scenario.name().into(),
+        jobs,
+        nodes,
+        fires: v.fires,
+        fires_per_s: None,
+        baseline_per_s: None,
+        ratio_to_baseline: None,
+        lag_ms: lag,
+        per_tenant_lag_p99_ms: per_tenant,
+        expected: v.expected,
+        lost: v.lost,
+        duplicates: v.duplicates,
+        unexpected: v.unexpected,
+        malformed,
+        drain_s: None,
+        per_tenant_drain_s: BTreeMap::new(),
+        max_lateness_ms: None,
+        max_rss_mb: None,
+        restore_s: None,
+        restore_rss_mb: None,
+        ingest_per_s: None,
+        events: ctx.events.clone(),
+        settings,
+        notes: ctx.notes.clone(),
+    }
+}
+
+/// Interval jobs: `jobs` of period `period_ms`, anchors spread over the period.
+fn interval_anchor(i: u64, jobs: u64, period_ms: u64, align: Align) -> i64 {
+    let a = (i as u128 * period_ms as u128 / jobs.max(1) as u128) as i64;
+    match align {
+        Align::Spread => a,
+        Align::Second => a / 1000 * 1000,
+    }
+}
+
+/// The instants `anchor + k × period` in `[from, to)`.
+fn instants(anchor: i64, period: i64, from: i64, to: i64, out: &mut Vec<i64>) {
+    let mut t = anchor + (from - anchor).div_euclid(period) * period;
+    if t < from {
+        t += period;
+    }
+    while t < to {
+        out.push(t);
+        t += period;
+    }
+}
+
+/// `steady` and `failover`.
+fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
+    let a = ctx.args;
+    let failover = a.scenario == Scenario::Failover;
+    let period = a.period_ms.max(1);
+    let jobs = a.jobs.unwrap_or(a.rate * period / 1000).max(1);
+    let rate = jobs * 1000 / period;
+    let duration = a.duration_s.unwrap_or(30);
+    let n_nodes = a.nodes.unwrap_or(if failover { 3 } else { 1 });
+    if failover && n_nodes < 2 {
+        bail!("failover needs at least 2 nodes");
+    }
+    let align = a.align;
+    let payload = a.payload_bytes;
+    let tenant_names = ctx.tenants.clone();
+    let tenant_of: Vec<usize> = (0..jobs).map(|i| ctx.tenant_of(i)).collect();
+    let make = move |i: u64| {
+        let spec = ScheduleSpec::Interval {
+            every_ms: period,
+            anchor_ms: interval_anchor(i, jobs, period, align),
+        };
+        job(i, &tenant_names[tenant_of[i as usize]], spec, payload)
+    };
+
+    let baseline = if failover {
+        None
+    } else {
+        ctx.baseline(rate * duration, jobs, &make)?
+    };
+    let audit = Audit::start(&ctx.config, &ctx.lanes())?;
+    let mut nodes = ctx.start_nodes(n_nodes)?;
+    let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
+
+    let from = ceil_second(indexed_ms) + 2_000;
+    let to = from + duration as i64 * 1000;
+    let kill_at_s = a.kill_at_s.unwrap_or(duration as f64 / 3.0);
+    let mut marks = Vec::new();
+    let victim = 0usize;
+    if failover {
+        let kill_ms = from + (kill_at_s * 1000.0) as i64;
+        sleep_until(kill_ms, &mut nodes, &audit)?;
+        let held = nodes[victim].active_partitions().len();
+        let (what, at) = match a.kill_mode {
+            KillMode::Kill => {
+                nodes[victim].kill();
+                ("kill -9", now_ms())
+            }
+            KillMode::Stop => {
+                nodes[victim].signal(libc::SIGSTOP);
+                ("sigstop", now_ms())
+            }
+        };
+        tracing::info!(node = %nodes[victim].id, partitions = held, what, "node down");
+        ctx.events.push(Event {
+            what: format!("{what} {} ({held} partitions)", nodes[victim].id),
+            at_ms: at - from,
+        });
+        marks.push((
+            (at - from) as f64 / 1000.0,
+            format!("{what} {}", nodes[victim].id),
+        ));
+        if a.kill_mode == KillMode::Stop {
+            let cont_ms = at + a.stop_for_s as i64 * 1000;
+            // The stopped node is checked as alive too: a stopped process has not exited.
+            sleep_until(cont_ms, &mut nodes, &audit)?;
+            nodes[victim].signal(libc::SIGCONT);
+            let at = now_ms();
+            tracing::info!(node = %nodes[victim].id, "node continued");
+            ctx.events.push(Event {
+                what: format!("sigcont {}", nodes[victim].id),
+                at_ms: at - from,
+            });
+            marks.push(((at - from) as f64 / 1000.0, "sigcont".into()));
+        }
+    }
+    sleep_until(to, &mut nodes, &audit)?;
+
+    let expected = |j: u32, out: &mut Vec<i64>| {
+        instants(
+            interval_anchor(u64::from(j), jobs, period, align),
+            period as i64,
+            from,
+            to,
+            out,
+        )
+    };
+    let want: u64 = (0..jobs as u32)
+        .map(|j| {
+            let mut out = Vec::new();
+            expected(j, &mut out);
+            out.len() as u64
+        })
+        .sum();
+    let mut limit = Duration::from_secs(30);
+    if failover && a.kill_mode == KillMode::Stop {
+        limit += Duration::from_secs(a.stop_for_s);
+    }
+    // A zombie resumed late must have had time to try (and fail) to commit.
+    let quiet = Duration::from_secs(if failover { 12 } else { 3 });
+    wait_visible(&audit, want, from, to, limit, quiet)?;
+    let rss = peak_rss(&nodes);
+    stop_all(&mut nodes)?;
+    let (obs, malformed) = audit.finish()?;
+    let v = verdict(&obs, 0..jobs as u32, &expected, from, to);
+
+    let mut settings = ctx.settings(Some(rate), Some(period), Some(duration));
+    if failover {
+        settings.kill_at_s = Some(kill_at_s);
+    }
+    let mut r = report(ctx, jobs, n_nodes, &v, malformed, settings);
+    r.fires_per_s = Some(v.fires as f64 / duration as f64);
+    r.baseline_per_s = baseline;
+    r.ratio_to_baseline = baseline.map(|b| v.fires as f64 / duration as f64 / b);
+    r.max_rss_mb = rss;
+    r.ingest_per_s = Some(ingest);
+    if failover {
+        r.max_lateness_ms = r.lag_ms.map(|l| l.max);
+    }
+    let title = if failover {
+        format!(
+            "failover: lag per tenant, {rate} runs/s on {n_nodes} nodes, {}",
+            if a.kill_mode == KillMode::Kill {
+                "kill -9"
+            } else {
+                "sigstop/sigcont"
+            }
+        )
+    } else {
+        format!("steady: lag per tenant, {rate} runs/s on {n_nodes} node(s)")
+    };
+    let chart = lag_chart(title, &v, &ctx.tenants, from, marks);
+    Ok((r, Some(chart)))
+}
+
+/// `herd`: every job due at the same instant.
+fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
+    let a = ctx.args;
+    let jobs = a.jobs.unwrap_or(300_000).max(1);
+    let n_nodes = a.nodes.unwrap_or(1);
+    let payload = a.payload_bytes;
+    let tenant_names = ctx.tenants.clone();
+    let tenant_of: Vec<usize> = (0..jobs).map(|i| ctx.tenant_of(i)).collect();
+
+    let baseline = {
+        let probe = |i: u64| {
+            job(
+                i,
+                &tenant_names[tenant_of[i as usize]],
+                ScheduleSpec::Once { at_ms: 0 },
+                payload,
+            )
+        };
+        ctx.baseline(jobs, jobs, &probe)?
+    };
+    let audit = Audit::start(&ctx.config, &ctx.lanes())?;
+    let mut nodes = ctx.start_nodes(n_nodes)?;
+    // Far enough ahead that every definition is indexed before the herd falls due.
+    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 20);
+    let make = |i: u64| {
+        job(
+            i,
+            &tenant_names[tenant_of[i as usize]],
+            ScheduleSpec::Once { at_ms: at },
+            payload,
+        )
+    };
+    let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
+    if indexed_ms > at - 500 {
+        ctx.notes.push(format!(
+            "indexing ended {} ms before the herd instant: the lag includes indexing",
+            at - indexed_ms
+        ));
+    }
+    sleep_until(at, &mut nodes, &audit)?;
+    wait_visible(
+        &audit,
+        jobs,
+        at,
+        at + 1,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )?;
+    let rss = peak_rss(&nodes);
+    stop_all(&mut nodes)?;
+    let (obs, malformed) = audit.finish()?;
+    let expected = |_: u32, out: &mut Vec<i64>| out.push(at);
+    let v = verdict(&obs, 0..jobs as u32, &expected, at, at + 1);
+
+    let mut r = report(
+        ctx,
+        jobs,
+        n_nodes,
+        &v,
+        malformed,
+        ctx.settings(None, None, None),
+    );
+    let last = v.firsts.iter().map(|o| o.seen_ms).max();
+    r.drain_s = last.map(|l| (l - at) as f64 / 1000.0);
+    for o in &v.firsts {
+        let t = ctx.tenants[o.tenant as usize].clone();
+        let d = (o.seen_ms - at) as f64 / 1000.0;
+        let e = r.per_tenant_drain_s.entry(t).or_insert(d);
+        *e = e.max(d);
+    }
+    r.fires_per_s = r.drain_s.filter(|d| *d > 0.0).map(|d| v.fires as f64 / d);
+    r.baseline_per_s = baseline;
+    r.ratio_to_baseline = r.fires_per_s.zip(baseline).map(|(f, b)| f / b);
+    r.max_rss_mb = rss;
+    r.ingest_per_s = Some(ingest);
+
+    // Share of each tenant's runs visible over time: a starved tenant is a late curve.
+    let mut per: Vec<Vec<i64>> = vec![Vec::new(); ctx.tenants.len()];
+    for o in &v.firsts {
+        per[o.tenant as usize].push(o.seen_ms - at);
+    }
+    let series = per
+        .into_iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(t, mut l)| {
+            l.sort_unstable();
+            let n = l.len() as f64;
+            let step = (l.len() / 400).max(1);
+            let mut points: Vec<(f64, f64)> = l
+                .iter()
+                .enumerate()
+                .step_by(step)
+                .map(|(k, ms)| (*ms as f64 / 1000.0, (k + 1) as f64 * 100.0 / n))
+                .collect();
+            points.push((*l.last().unwrap() as f64 / 1000.0, 100.0));
+            Series {
+                name: format!("{} ({} runs)", ctx.tenants[t], l.len()),
+                points,
+            }
+        })
+        .collect();
+    let chart = Chart {
+        title: format!(
+            "herd: {jobs} runs due at once on {n_nodes} node(s), share visible per tenant"
+        ),
+        x_label: "s after the herd instant".into(),
+        y_label: "% of the tenant's runs visible".into(),
+        series,
+        marks: Vec::new(),
+    };
+    Ok((r, Some(chart)))
+}
+
+/// `capacity`: timers held by one node, and the restore of a node with an empty data dir.
+fn capacity(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
+    let a = ctx.args;
+    let timers = a.jobs.unwrap_or(1_000_000);
+    let probes = a.probes.max(1);
+    let duration = a.duration_s.unwrap_or(10);
+    let payload = a.payload_bytes;
+    let tenant_names = ctx.tenants.clone();
+    let start = now_ms() + 7_200_000;
+    let make = |i: u64| {
+        let tenant = &tenant_names[(i as usize) % tenant_names.len()];
+        if i < timers {
+            // Hourly, from two hours on: held, never fired during the run.
+            let mut j = job(
+                i,
+                tenant,
+                ScheduleSpec::Interval {
+                    every_ms: 3_600_000,
+                    anchor_ms: (i % 3_600) as i64 * 1000,
+                },
+                payload,
+            );
+            j.start_ms = Some(start);
+            j
+        } else {
+            job(
+                i,
+                tenant,
+                ScheduleSpec::Interval {
+                    every_ms: 1000,
+                    anchor_ms: 0,
+                },
+                payload,
+            )
+        }
+    };
+    let audit = Audit::start(&ctx.config, &ctx.lanes())?;
+    let mut first = ctx.start_nodes(1)?;
+    let (ingest, _) = ctx.load(timers + probes, &make)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let rss = peak_rss(&first);
+    tracing::info!(timers, rss_mb = rss, "timers held; stopping the node");
+    stop_all(&mut first)?;
+    drop(first);
+
+    let mut second = vec![Node::start(&ctx.bin, &ctx.cfg_path, &ctx.dir, "n2")?];
+    let restore = wait_all_active(
+        &mut second.iter_mut().collect::<Vec<_>>(),
+        ctx.config.topics.job_partitions,
+        Duration::from_secs(600),
+    )?;
+    tracing::info!(
+        secs = restore.as_secs_f64(),
+        "restored by a node with an empty data dir"
+    );
+
+    let from = ceil_second(now_ms()) + 2_000;
+    let to = from + duration as i64 * 1000;
+    sleep_until(to, &mut second, &audit)?;
+    wait_visible(
+        &audit,
+        probes * duration,
+        from,
+        to,
+        Duration::from_secs(30),
+        Duration::from_secs(3),
+    )?;
+    let restore_rss = peak_rss(&second);
+    stop_all(&mut second)?;
+    let (obs, malformed) = audit.finish()?;
+    let expected = |_: u32, out: &mut Vec<i64>| instants(0, 1000, from, to, out);
+    let v = verdict(
+        &obs,
+        timers as u32..(timers + probes) as u32,
+        &expected,
+        from,
+        to,
+    );
+    ctx.notes.push(format!(
+        "the audit covers the {probes} probe jobs that fire every second after the restore; the {timers} timers are due two hours later"
+    ));
+    let mut r = report(
+        ctx,
+        timers,
+        1,
+        &v,
+        malformed,
+        ctx.settings(None, None, Some(duration)),
+    );
+    r.max_rss_mb = rss;
+    r.restore_s = Some(restore.as_secs_f64());
+    r.restore_rss_mb = restore_rss;
+    r.ingest_per_s = Some(ingest);
+    let chart = lag_chart(
+        format!("capacity: probe lag after {timers} timers were restored"),
+        &v,
+        &ctx.tenants,
+        from,
+        Vec::new(),
+    );
+    Ok((r, Some(chart)))
+}
+
+/// `baseline`: the raw produce alone; its audit counts the committed records.
+fn baseline_only(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
+    let a = ctx.args;
+    let jobs = a.jobs.unwrap_or(a.rate * a.period_ms / 1000).max(1);
+    let fires = a.baseline_fires.unwrap_or(300_000).max(1);
+    let tenant_names = ctx.tenants.clone();
+    let payload = a.payload_bytes;
+    let make = |i: u64| {
+        let t = &tenant_names[(i as usize) % tenant_names.len()];
+        job(
+            i,
+            t,
+            ScheduleSpec::Interval {
+                every_ms: 1000,
+                anchor_ms: 0,
+            },
+            payload,
+        )
+    };
+    let b = crate::baseline::run(&ctx.rt, &ctx.config, fires, jobs, &make)?;
+    let lane = ctx.config.topic("baseline.lane");
+    let audit = Audit::start(&ctx.config, &[(lane, None)])?;
+    let started = Instant::now();
+    while (audit.count(|_| true) as u64) < fires && started.elapsed() < Duration::from_secs(60) {
+        audit.check()?;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let (obs, malformed) = audit.finish()?;
+    let seen = obs.len() as u64;
+    let v = Verdict {
+        expected: fires,
+        fires: seen.min(fires),
+        lost: fires.saturating_sub(seen),
+        duplicates: seen.saturating_sub(fires),
+        unexpected: 0,
+        firsts: Vec::new(),
+    };
+    ctx.notes.push(
+        "baseline records repeat (job, instant) pairs by design: the audit compares the count of committed records with the count produced".into(),
+    );
+    let mut r = report(
+        ctx,
+        jobs.min(50_000),
+        0,
+        &v,
+        malformed,
+        ctx.settings(None, None, None),
+    );
+    r.fires_per_s = Some(b.per_s);
+    r.baseline_per_s = Some(b.per_s);
+    r.ratio_to_baseline = Some(1.0);
+    Ok((r, None))
+}
