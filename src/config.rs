@@ -318,8 +318,10 @@ mod tests {
             msg.contains("scheduler.tick_ms") && msg.contains("300"),
             "{msg}"
         );
-        let mut c = Config::default();
-        c.topic_prefix = "bad prefix/".into();
+        let c = Config {
+            topic_prefix: "bad prefix/".into(),
+            ..Config::default()
+        };
         let msg = c.validate().unwrap_err().to_string();
         assert!(msg.contains("topic_prefix"), "{msg}");
         let mut c = Config::default();

@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::fleet::*;
@@ -15,7 +14,7 @@ use tocsin::model::job::{JobDefinition, MisfirePolicy};
 use tocsin::model::records::FireReason;
 
 /// The fleet tests load the machine; one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn setup(test: &str) -> (Config, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -102,7 +101,7 @@ fn assert_co_partitioned(node: &Node) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn graceful_stop_hands_partitions_over_exactly_once() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let (config, dir) = setup("handover").await;
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
@@ -133,7 +132,7 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_loses_and_duplicates_nothing() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let (config, dir) = setup("kill9").await;
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
@@ -165,7 +164,7 @@ async fn kill_9_loses_and_duplicates_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_zombie_is_fenced() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let (config, dir) = setup("zombie").await;
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
@@ -204,7 +203,7 @@ async fn a_paused_zombie_is_fenced() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_fleet_applies_each_misfire_policy() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let (mut config, dir) = setup("misfire").await;
     config.scheduler.misfire_threshold_ms = 5_000;
     let mut jobs = Vec::new();

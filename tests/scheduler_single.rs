@@ -83,7 +83,7 @@ async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
     }
     let mut paused = job("ctl-pause", "acme", every(1000));
     paused.misfire = MisfirePolicy::Skip;
-    let special = vec![
+    let special = [
         job("ctl-update", "acme", every(1000)),
         job("ctl-delete", "acme", every(1000)),
         paused.clone(),

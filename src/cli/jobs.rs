@@ -19,6 +19,8 @@ use crate::model::job::{
 use crate::model::records::ControlRecord;
 use crate::model::validate::{validate, Limits};
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
     /// Create or replace a job (from flags, or from a JSON or TOML file with --file).

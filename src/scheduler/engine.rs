@@ -40,10 +40,13 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most due entries gathered in one scan of the bucket index.
 const SCAN_LIMIT: usize = 200_000;
 
+/// One rebalance: assigned (true) or revoked, and the (topic, partition) pairs.
+type RebalanceEvent = (bool, Vec<(String, i32)>);
+
 /// Rebalance events, recorded inside poll and handled right after it returns.
 #[derive(Default)]
 struct GroupContext {
-    events: Mutex<Vec<(bool, Vec<(String, i32)>)>>,
+    events: Mutex<Vec<RebalanceEvent>>,
 }
 
 impl ClientContext for GroupContext {}

@@ -134,8 +134,7 @@ impl Store {
             self.cf(CF_DUE),
             IteratorMode::From(&start, Direction::Forward),
         );
-        let mut taken = 0;
-        for item in iter {
+        for (taken, item) in iter.enumerate() {
             let (k, v) = item?;
             if k.len() < 10 || k[..2] != partition.to_be_bytes() {
                 break;
@@ -150,7 +149,6 @@ impl Store {
                 job: String::from_utf8_lossy(&k[10..]).into_owned(),
                 tenant: String::from_utf8_lossy(&v).into_owned(),
             });
-            taken += 1;
         }
         Ok(())
     }

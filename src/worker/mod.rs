@@ -52,10 +52,13 @@ pub struct Finished {
     pub duration_ms: u64,
 }
 
+/// Called with every finished attempt.
+pub type OnFinished = Arc<dyn Fn(&Finished) + Send + Sync>;
+
 pub struct WorkerOptions {
     pub worker_id: String,
     /// Called with every finished attempt.
-    pub on_finished: Option<Arc<dyn Fn(&Finished) + Send + Sync>>,
+    pub on_finished: Option<OnFinished>,
     pub custom: HashMap<String, Arc<dyn Handler>>,
     pub heartbeat: Duration,
     pub ledger_retention_ms: i64,
