@@ -7,26 +7,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::fleet::*;
-use common::*;
-use tocsin::config::Config;
-use tocsin::kafka::admin::{fleet_topics, Admin};
 use tocsin::model::job::{JobDefinition, MisfirePolicy};
 use tocsin::model::records::FireReason;
 
 /// The fleet tests load the machine; one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn setup(test: &str) -> (Config, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(test);
-    config.scheduler.data_dir = dir.path().join("data");
-    Admin::new(&config)
-        .unwrap()
-        .ensure(&fleet_topics(&config))
-        .await
-        .unwrap();
-    (config, dir)
-}
 
 fn active_count(node: &Node) -> usize {
     let log = node.log_text();

@@ -12,22 +12,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tocsin::codec::{self, Framing};
-use tocsin::config::Config;
-use tocsin::kafka::admin::{fleet_topics, Admin};
 use tocsin::kafka::partitioner::partition_for;
 use tocsin::model::job::{MisfirePolicy, ScheduleSpec};
-
-async fn setup(test: &str) -> (Config, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(test);
-    config.scheduler.data_dir = dir.path().join("data");
-    Admin::new(&config)
-        .unwrap()
-        .ensure(&fleet_topics(&config))
-        .await
-        .unwrap();
-    (config, dir)
-}
 
 fn wait_active(node: &Node, partitions: usize) {
     wait_until(Duration::from_secs(60), "all partitions active", || {

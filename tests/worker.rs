@@ -7,27 +7,11 @@ use std::time::Duration;
 
 use common::fleet::*;
 use common::topics::{events, read_all};
-use common::*;
 use tocsin::codec::{self, Framing};
-use tocsin::config::Config;
-use tocsin::kafka::admin::{fleet_topics, Admin};
 use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
 use tocsin::model::records::{FireReason, Run, RunEventKind};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn setup(test: &str) -> (Config, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = test_config(test);
-    config.scheduler.data_dir = dir.path().join("sched");
-    config.worker.data_dir = dir.path().join("work");
-    Admin::new(&config)
-        .unwrap()
-        .ensure(&fleet_topics(&config))
-        .await
-        .unwrap();
-    (config, dir)
-}
 
 fn once_in(id: &str, tenant: &str, secs: i64, handler: HandlerSpec) -> JobDefinition {
     let mut j = job(

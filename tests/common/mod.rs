@@ -124,6 +124,20 @@ pub mod fleet {
     use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, RetryPolicy, ScheduleSpec};
     use tocsin::model::records::Run;
 
+    /// A config with its own prefix and data directories, and the fleet topics created.
+    pub async fn setup(test: &str) -> (Config, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = super::test_config(test);
+        config.scheduler.data_dir = dir.path().join("sched");
+        config.worker.data_dir = dir.path().join("work");
+        tocsin::kafka::admin::Admin::new(&config)
+            .unwrap()
+            .ensure(&tocsin::kafka::admin::fleet_topics(&config))
+            .await
+            .unwrap();
+        (config, dir)
+    }
+
     pub fn now_ms() -> i64 {
         tocsin::cli::jobs::now_ms()
     }
