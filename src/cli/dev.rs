@@ -65,24 +65,8 @@ fn examples(now: i64) -> Vec<JobDefinition> {
         args: args.iter().map(|s| s.to_string()).collect(),
     };
     let base = |id: &str, tenant: &str, schedule, handler| JobDefinition {
-        id: id.into(),
-        tenant: tenant.into(),
-        schedule,
-        start_ms: None,
-        end_ms: None,
-        max_fires: None,
-        jitter_ms: 0,
-        dst_gap: Default::default(),
-        dst_repeat: Default::default(),
-        misfire: Default::default(),
-        catch_up_window_ms: 3_600_000,
-        overlap: Default::default(),
-        paused: false,
-        handler,
         timeout_ms: 10_000,
-        retry: Default::default(),
-        labels: Default::default(),
-        revision: 0,
+        ..JobDefinition::new(id, tenant, schedule, handler)
     };
     vec![
         base(

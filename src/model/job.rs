@@ -50,6 +50,37 @@ pub struct JobDefinition {
     pub revision: u64,
 }
 
+impl JobDefinition {
+    /// A job with every optional setting at its documented default.
+    pub fn new(
+        id: &str,
+        tenant: &str,
+        schedule: ScheduleSpec,
+        handler: HandlerSpec,
+    ) -> JobDefinition {
+        JobDefinition {
+            id: id.into(),
+            tenant: tenant.into(),
+            schedule,
+            start_ms: None,
+            end_ms: None,
+            max_fires: None,
+            jitter_ms: 0,
+            dst_gap: DstGapPolicy::default(),
+            dst_repeat: DstRepeatPolicy::default(),
+            misfire: MisfirePolicy::default(),
+            catch_up_window_ms: default_catch_up_window_ms(),
+            overlap: OverlapPolicy::default(),
+            paused: false,
+            handler,
+            timeout_ms: default_timeout_ms(),
+            retry: RetryPolicy::default(),
+            labels: BTreeMap::new(),
+            revision: 0,
+        }
+    }
+}
+
 pub fn default_catch_up_window_ms() -> u64 {
     3_600_000
 }

@@ -121,7 +121,7 @@ pub mod fleet {
     use rdkafka::{Message, Offset, TopicPartitionList};
     use tocsin::codec::{self, Framing};
     use tocsin::config::Config;
-    use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, RetryPolicy, ScheduleSpec};
+    use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
     use tocsin::model::records::Run;
 
     /// A config with its own prefix and data directories, and the fleet topics created.
@@ -144,32 +144,17 @@ pub mod fleet {
 
     /// A job with a `kafka` handler and defaults everywhere else.
     pub fn job(id: &str, tenant: &str, schedule: ScheduleSpec) -> JobDefinition {
+        let handler = HandlerSpec {
+            kind: HandlerKind::Kafka,
+            target: "out".into(),
+            payload: b"hello".to_vec(),
+            headers: Default::default(),
+            method: None,
+            args: vec![],
+        };
         JobDefinition {
-            id: id.into(),
-            tenant: tenant.into(),
-            schedule,
-            start_ms: None,
-            end_ms: None,
-            max_fires: None,
-            jitter_ms: 0,
-            dst_gap: Default::default(),
-            dst_repeat: Default::default(),
-            misfire: Default::default(),
-            catch_up_window_ms: 3_600_000,
-            overlap: Default::default(),
-            paused: false,
-            handler: HandlerSpec {
-                kind: HandlerKind::Kafka,
-                target: "out".into(),
-                payload: b"hello".to_vec(),
-                headers: Default::default(),
-                method: None,
-                args: vec![],
-            },
             timeout_ms: 60_000,
-            retry: RetryPolicy::default(),
-            labels: Default::default(),
-            revision: 0,
+            ..JobDefinition::new(id, tenant, schedule, handler)
         }
     }
 
