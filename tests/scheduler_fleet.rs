@@ -91,9 +91,12 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    wait_until(Duration::from_secs(60), "both nodes active", || {
-        holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts
-    });
+    wait_watching(
+        Duration::from_secs(60),
+        "both nodes active",
+        &[&n1, &n2],
+        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+    );
     assert_co_partitioned(&n1);
     assert_co_partitioned(&n2);
     let jobs = every_second_jobs(300, "acme", "h");
@@ -101,9 +104,12 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
     put_jobs(&config, &jobs).await;
     std::thread::sleep(Duration::from_secs(4));
     n1.stop();
-    wait_until(Duration::from_secs(60), "n2 owns everything", || {
-        holds(&n2) == parts
-    });
+    wait_watching(
+        Duration::from_secs(60),
+        "n2 owns everything",
+        &[&n2],
+        || holds(&n2) == parts,
+    );
     std::thread::sleep(Duration::from_secs(4));
     let t_end = now_ms();
     n2.stop();
@@ -122,16 +128,19 @@ async fn kill_9_loses_and_duplicates_nothing() {
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    wait_until(Duration::from_secs(60), "both nodes active", || {
-        holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts
-    });
+    wait_watching(
+        Duration::from_secs(60),
+        "both nodes active",
+        &[&n1, &n2],
+        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+    );
     let jobs = every_second_jobs(5_000, "acme", "k");
     let t0 = now_ms();
     put_jobs(&config, &jobs).await;
     std::thread::sleep(Duration::from_secs(5));
     let t_kill = now_ms();
     n1.kill();
-    wait_until(Duration::from_secs(60), "n2 takes over", || {
+    wait_watching(Duration::from_secs(60), "n2 takes over", &[&n2], || {
         holds(&n2) == parts
     });
     let t_takeover = now_ms();
@@ -154,18 +163,24 @@ async fn a_paused_zombie_is_fenced() {
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    wait_until(Duration::from_secs(60), "both nodes active", || {
-        holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts
-    });
+    wait_watching(
+        Duration::from_secs(60),
+        "both nodes active",
+        &[&n1, &n2],
+        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+    );
     let jobs = every_second_jobs(1_000, "acme", "z");
     let t0 = now_ms();
     put_jobs(&config, &jobs).await;
     std::thread::sleep(Duration::from_secs(4));
     n1.signal(libc::SIGSTOP);
     let before = active_count(&n2);
-    wait_until(
-        Duration::from_secs(60),
+    // The session timeout, then the broker's abort of the stopped node's open transaction (its
+    // timeout plus the abort sweep), then the restore: well under a minute even on a loaded box.
+    wait_watching(
+        Duration::from_secs(90),
         "n2 takes over from the stopped node",
+        &[&n1, &n2],
         || active_count(&n2) > before && holds(&n2) == parts,
     );
     std::thread::sleep(Duration::from_secs(2));

@@ -107,6 +107,66 @@ pub fn kafka_classpath() -> String {
     text(&out.stdout).trim().to_owned()
 }
 
+/// Reads every partition of `topic` from the beginning to the end a `read_committed` consumer
+/// can reach (each partition has reported its end), then `settle` longer with nothing new, so a
+/// late duplicate would still be seen. Fails loudly after two minutes rather than returning a
+/// partial read.
+pub fn drain(
+    config: &Config,
+    topic: &str,
+    settle: std::time::Duration,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    use std::collections::HashSet;
+    use std::time::{Duration, Instant};
+
+    let consumer: BaseConsumer = tocsin::kafka::consumer_config(config, "tocsin-test-read")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .unwrap();
+    }
+    let partitions = tpl.count();
+    assert!(partitions > 0, "topic {topic} has no partitions");
+    consumer.assign(&tpl).unwrap();
+    let mut at_end: HashSet<i32> = HashSet::new();
+    let mut out = Vec::new();
+    let started = Instant::now();
+    let mut last = Instant::now();
+    loop {
+        if at_end.len() == partitions && last.elapsed() >= settle {
+            return out;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{topic}: read {} records but {} of {partitions} partitions never reached their end \
+             in 120 s",
+            out.len(),
+            partitions - at_end.len(),
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                last = Instant::now();
+                at_end.remove(&m.partition());
+                out.push(m.detach());
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+}
+
 pub mod fleet {
     //! Scheduler processes, bulk job writes and the exactly-once audit of the lanes.
 
@@ -118,7 +178,7 @@ pub mod fleet {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Headers;
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    use rdkafka::{Message, Offset, TopicPartitionList};
+    use rdkafka::Message;
     use tocsin::codec::{self, Framing};
     use tocsin::config::Config;
     use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
@@ -323,42 +383,35 @@ pub mod fleet {
             .fetch_metadata(None, Duration::from_secs(10))
             .unwrap();
         let lane_prefix = config.lane_topic("");
-        let mut tpl = TopicPartitionList::new();
-        for t in md
+        let lanes: Vec<String> = md
             .topics()
             .iter()
-            .filter(|t| t.name().starts_with(&lane_prefix))
-        {
-            for p in t.partitions() {
-                tpl.add_partition_offset(t.name(), p.id(), Offset::Beginning)
-                    .unwrap();
-            }
-        }
+            .map(|t| t.name().to_owned())
+            .filter(|t| t.starts_with(&lane_prefix))
+            .collect();
+        // One reader per lane, in parallel: end-of-partition events name no topic.
+        let readers: Vec<_> = lanes
+            .into_iter()
+            .map(|lane| {
+                let config = config.clone();
+                std::thread::spawn(move || super::drain(&config, &lane, quiet))
+            })
+            .collect();
         let mut out = Vec::new();
-        if tpl.count() == 0 {
-            return out;
-        }
-        consumer.assign(&tpl).unwrap();
-        let mut last = Instant::now();
-        while last.elapsed() < quiet {
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => {
-                    last = Instant::now();
-                    let run: Run = codec::decode(m.payload().unwrap())
-                        .expect("a lane record that is not a Run");
-                    let fire_ms = m
-                        .headers()
-                        .and_then(|h| h.iter().find(|h| h.key == "tocsin-fire-ms"))
-                        .and_then(|h| std::str::from_utf8(h.value.unwrap()).ok()?.parse().ok())
-                        .unwrap_or(run.fire_ms);
-                    out.push(Seen {
-                        lane: m.topic().to_owned(),
-                        run,
-                        fire_ms,
-                    });
-                }
-                Some(Err(e)) => panic!("audit consumer: {e}"),
-                None => {}
+        for r in readers {
+            for m in r.join().expect("a lane reader panicked") {
+                let run: Run = codec::decode(m.payload().unwrap_or_default())
+                    .expect("a lane record that is not a Run");
+                let fire_ms = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "tocsin-fire-ms"))
+                    .and_then(|h| std::str::from_utf8(h.value.unwrap()).ok()?.parse().ok())
+                    .unwrap_or(run.fire_ms);
+                out.push(Seen {
+                    lane: m.topic().to_owned(),
+                    run,
+                    fire_ms,
+                });
             }
         }
         out
@@ -384,13 +437,30 @@ pub mod fleet {
     }
 
     /// Waits until `f` holds, polling; panics with `what` after `limit`.
-    pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    pub fn wait_until(limit: Duration, what: &str, f: impl FnMut() -> bool) {
+        wait_watching(limit, what, &[], f);
+    }
+
+    /// As `wait_until`, and a timeout prints the end of each node's log, so a failure in CI
+    /// says what the nodes were doing.
+    pub fn wait_watching(
+        limit: Duration,
+        what: &str,
+        nodes: &[&Node],
+        mut f: impl FnMut() -> bool,
+    ) {
         let start = Instant::now();
         while !f() {
-            assert!(
-                start.elapsed() < limit,
-                "timed out after {limit:?} waiting for {what}"
-            );
+            if start.elapsed() >= limit {
+                let mut logs = String::new();
+                for n in nodes {
+                    let text = n.log_text();
+                    let lines: Vec<&str> = text.lines().collect();
+                    logs.push_str(&format!("\n--- last lines of {}'s log ---\n", n.id));
+                    logs.push_str(&lines[lines.len().saturating_sub(40)..].join("\n"));
+                }
+                panic!("timed out after {limit:?} waiting for {what}{logs}");
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -398,40 +468,22 @@ pub mod fleet {
 
 /// Reading whole topics (events, dead letters) from the beginning.
 pub mod topics {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::{Message, Offset, TopicPartitionList};
+    use rdkafka::Message;
     use tocsin::config::Config;
 
-    /// Every record of a topic of the config, until nothing new came for `quiet`.
+    /// Every committed record of a topic of the config, read to its end and then `quiet` more.
     pub fn read_all(config: &Config, topic: &str, quiet: Duration) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let topic = config.topic(topic);
-        let consumer: BaseConsumer = tocsin::kafka::consumer_config(config, "tocsin-test-read")
-            .create()
-            .unwrap();
-        let md = consumer
-            .fetch_metadata(Some(&topic), Duration::from_secs(10))
-            .unwrap();
-        let mut tpl = TopicPartitionList::new();
-        for p in md.topics()[0].partitions() {
-            tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
-                .unwrap();
-        }
-        consumer.assign(&tpl).unwrap();
-        let mut out = Vec::new();
-        let mut last = Instant::now();
-        while last.elapsed() < quiet {
-            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-                let m = m.unwrap();
-                last = Instant::now();
-                out.push((
+        super::drain(config, &config.topic(topic), quiet)
+            .into_iter()
+            .map(|m| {
+                (
                     m.key().unwrap_or_default().to_vec(),
                     m.payload().unwrap_or_default().to_vec(),
-                ));
-            }
-        }
-        out
+                )
+            })
+            .collect()
     }
 
     /// The run events on `runs`.
