@@ -1,15 +1,20 @@
-//! Workers against the real broker, with a scheduler process: a worker killed mid-run and
-//! the ledger that keeps a redelivered run from running twice.
+//! Workers against the real broker, with a scheduler process: a worker killed mid-run and the
+//! ledger that keeps a redelivered run from running twice; HTTP retries and dead letters; exec
+//! timeouts; the overlap policy; one tenant's flood beside another tenant's runs.
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fleet::*;
 use common::topics::{events, read_all};
 use tocsin::codec::{self, Framing};
-use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
-use tocsin::model::records::{FireReason, Run, RunEventKind};
+use tocsin::model::job::{
+    HandlerKind, HandlerSpec, JobDefinition, OverlapPolicy, RetryPolicy, ScheduleSpec,
+};
+use tocsin::model::records::{DeadLetter, FireReason, Run, RunEvent, RunEventKind};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -23,6 +28,13 @@ fn once_in(id: &str, tenant: &str, secs: i64, handler: HandlerSpec) -> JobDefini
     );
     j.handler = handler;
     j
+}
+
+fn once_at(j: &JobDefinition) -> i64 {
+    match j.schedule {
+        ScheduleSpec::Once { at_ms } => at_ms,
+        _ => panic!("not a one-shot"),
+    }
 }
 
 fn exec(script: &str) -> HandlerSpec {
@@ -97,5 +109,390 @@ async fn a_killed_worker_s_run_completes_elsewhere_and_a_redelivery_is_not_run_a
     assert!(
         survivor.log_text().contains("already finished"),
         "redelivery not acknowledged"
+    );
+}
+
+/// A local HTTP target: answers each request with the next status of `script` (the last one
+/// repeats) and records when each came and its `Idempotency-Key`.
+struct Target {
+    url: String,
+    seen: Arc<Mutex<Vec<(i64, String)>>>,
+}
+
+fn http_target(script: Vec<u16>) -> Target {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let seen: Arc<Mutex<Vec<(i64, String)>>> = Arc::default();
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut key = String::new();
+            let mut length = 0usize;
+            let mut line = String::new();
+            // Request line and headers, then the body.
+            loop {
+                line.clear();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("idempotency-key:") {
+                    key = v.trim().to_owned();
+                }
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0u8; length];
+            let _ = reader.read_exact(&mut body);
+            let n = {
+                let mut seen = log.lock().unwrap();
+                seen.push((now_ms(), key));
+                seen.len()
+            };
+            let status = script[(n - 1).min(script.len() - 1)];
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+    });
+    Target { url, seen }
+}
+
+fn http(url: &str) -> HandlerSpec {
+    HandlerSpec {
+        kind: HandlerKind::Http,
+        target: url.into(),
+        payload: b"{\"hello\":1}".to_vec(),
+        headers: Default::default(),
+        method: Some("POST".into()),
+        args: vec![],
+    }
+}
+
+fn dead_letters(config: &tocsin::config::Config) -> Vec<DeadLetter> {
+    read_all(config, "dead", Duration::from_millis(500))
+        .into_iter()
+        .map(|(_, v)| codec::decode(&v).expect("a dead record that is not a DeadLetter"))
+        .collect()
+}
+
+fn kinds(ev: &[RunEvent], job: &str) -> Vec<(u32, RunEventKind)> {
+    ev.iter()
+        .filter(|e| e.job_id == job)
+        .map(|e| (e.attempt, e.kind))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_retries_with_backoff_then_succeeds_or_goes_dead() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("http").await;
+    let flaky = http_target(vec![503, 503, 200]);
+    let broken = http_target(vec![500]);
+    let missing = http_target(vec![404]);
+    let retry = RetryPolicy {
+        max_attempts: 3,
+        backoff_base_ms: 1_000,
+        backoff_cap_ms: 10_000,
+    };
+    let mut jobs = Vec::new();
+    for (id, target) in [
+        ("flaky", &flaky),
+        ("broken", &broken),
+        ("missing", &missing),
+    ] {
+        let mut j = once_in(id, "acme", 4, http(&target.url));
+        j.retry = retry;
+        jobs.push(j);
+    }
+    let _node = Node::start(&config, dir.path(), "s1");
+    let _w = Node::worker(&config, dir.path(), "w1", "p");
+    put_jobs(&config, &jobs).await;
+    wait_until(
+        Duration::from_secs(90),
+        "flaky to succeed and broken to go dead",
+        || {
+            let ev = events(&config, Duration::from_millis(300));
+            let k = |j| kinds(&ev, j);
+            k("flaky").contains(&(3, RunEventKind::Succeeded))
+                && k("broken").contains(&(3, RunEventKind::Dead))
+                && k("missing").contains(&(1, RunEventKind::Dead))
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let ev = events(&config, Duration::from_millis(500));
+
+    // Flaky: three attempts with one idempotency key (the run id), each after its backoff.
+    let calls = flaky.seen.lock().unwrap().clone();
+    assert_eq!(calls.len(), 3, "flaky target calls: {calls:?}");
+    let run_id = tocsin::model::records::run_id("flaky", once_at(&jobs[0]));
+    assert!(
+        calls.iter().all(|(_, k)| *k == run_id),
+        "{calls:?} vs {run_id}"
+    );
+    // Backoff with jitter lies in [half, all] of base * 2^(attempt-1).
+    assert!(
+        calls[1].0 - calls[0].0 >= 500,
+        "first backoff not respected: {calls:?}"
+    );
+    assert!(
+        calls[2].0 - calls[1].0 >= 1_000,
+        "second backoff not respected: {calls:?}"
+    );
+    let flaky_kinds = kinds(&ev, "flaky");
+    assert_eq!(
+        flaky_kinds
+            .iter()
+            .filter(|(_, k)| *k == RunEventKind::Succeeded)
+            .count(),
+        1,
+        "{flaky_kinds:?}"
+    );
+    assert_eq!(
+        flaky_kinds
+            .iter()
+            .filter(|(_, k)| *k == RunEventKind::Retrying)
+            .count(),
+        2,
+        "{flaky_kinds:?}"
+    );
+    assert!(!flaky_kinds.iter().any(|(_, k)| *k == RunEventKind::Dead));
+
+    // Broken: dead after three attempts, with its last error; a 404 is not retried.
+    assert_eq!(broken.seen.lock().unwrap().len(), 3);
+    assert_eq!(missing.seen.lock().unwrap().len(), 1);
+    let dead = dead_letters(&config);
+    let b = dead
+        .iter()
+        .find(|d| d.run.job_id == "broken")
+        .expect("no dead letter for the broken target");
+    assert_eq!(b.attempts, 3);
+    assert!(b.error.contains("HTTP 500"), "last error: {}", b.error);
+    let m = dead.iter().find(|d| d.run.job_id == "missing").unwrap();
+    assert_eq!(m.attempts, 1);
+    assert!(m.error.contains("HTTP 404"), "last error: {}", m.error);
+    assert!(!dead.iter().any(|d| d.run.job_id == "flaky"));
+    let broken_kinds = kinds(&ev, "broken");
+    assert_eq!(
+        broken_kinds
+            .iter()
+            .filter(|(_, k)| *k == RunEventKind::Dead)
+            .count(),
+        1,
+        "{broken_kinds:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_timeout_kills_the_command_and_fails_the_run() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("exectimeout").await;
+    let marker = dir.path().join("finished");
+    let mut slow = once_in(
+        "slow",
+        "acme",
+        3,
+        exec(&format!("sleep 3; touch {}", marker.display())),
+    );
+    slow.timeout_ms = 1_000;
+    slow.retry.max_attempts = 1;
+    let _node = Node::start(&config, dir.path(), "s1");
+    let _w = Node::worker(&config, dir.path(), "w1", "p");
+    put_jobs(&config, &[slow]).await;
+    wait_until(Duration::from_secs(60), "the slow run to go dead", || {
+        dead_letters(&config).iter().any(|d| d.run.job_id == "slow")
+    });
+    let dead = dead_letters(&config);
+    let d = dead.iter().find(|d| d.run.job_id == "slow").unwrap();
+    assert!(
+        d.error.contains("timed out after 1000 ms"),
+        "error: {}",
+        d.error
+    );
+    // Had the command not been stopped, it would have touched the marker by now.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!marker.exists(), "the timed-out command kept running");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overlap_skip_runs_a_slow_job_once_per_run_and_reports_the_skipped() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("overlap").await;
+    let mut slow = job("slow", "acme", every(1_000));
+    slow.handler = exec("sleep 3");
+    slow.timeout_ms = 30_000;
+    slow.overlap = OverlapPolicy::Skip;
+    let _node = Node::start(&config, dir.path(), "s1");
+    let _w = Node::worker(&config, dir.path(), "w1", "p");
+    std::thread::sleep(Duration::from_secs(3));
+    put_jobs(&config, &[slow]).await;
+    std::thread::sleep(Duration::from_secs(20));
+    let ev = events(&config, Duration::from_millis(500));
+    let of = |kind| -> Vec<&RunEvent> {
+        ev.iter()
+            .filter(|e| e.job_id == "slow" && e.kind == kind)
+            .collect()
+    };
+    let started = of(RunEventKind::Started);
+    let succeeded = of(RunEventKind::Succeeded);
+    let skipped = of(RunEventKind::Skipped);
+    println!(
+        "overlap skip over ~20 s: {} started, {} succeeded, {} skipped",
+        started.len(),
+        succeeded.len(),
+        skipped.len()
+    );
+    // A run takes 3 s, so the instant 3 s later is still covered: one run per 4 s or so,
+    // never two at once.
+    assert!(
+        (3..=7).contains(&started.len()),
+        "{} runs started",
+        started.len()
+    );
+    for next in started.iter().skip(1) {
+        let previous_done = succeeded
+            .iter()
+            .filter(|s| s.scheduled_ms < next.scheduled_ms)
+            .map(|s| s.at_ms)
+            .max()
+            .expect("a run started before the previous one succeeded");
+        assert!(next.at_ms >= previous_done, "overlapping runs");
+    }
+    // The instants due meanwhile were skipped and reported, and none of them ran.
+    assert!(
+        skipped.len() >= 2 * (started.len() - 1),
+        "{} skipped",
+        skipped.len()
+    );
+    for s in &skipped {
+        assert!(
+            !started.iter().any(|r| r.scheduled_ms == s.scheduled_ms),
+            "a skipped instant ran"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("fair").await;
+    let admin = tocsin::kafka::admin::Admin::new(&config).unwrap();
+    let sink = tocsin::kafka::admin::TopicSpec {
+        name: config.topic("sink"),
+        partitions: 2,
+        cleanup: tocsin::kafka::admin::Cleanup::Delete,
+    };
+    admin
+        .ensure(&[
+            sink.clone(),
+            tocsin::kafka::admin::lane_topic(&config, "flood"),
+            tocsin::kafka::admin::lane_topic(&config, "calm"),
+        ])
+        .await
+        .unwrap();
+    let to_sink = |payload: &[u8]| HandlerSpec {
+        kind: HandlerKind::Kafka,
+        target: sink.name.clone(),
+        payload: payload.to_vec(),
+        headers: Default::default(),
+        method: None,
+        args: vec![],
+    };
+
+    // 100,000 runs queued in the flood tenant's lane before the worker starts.
+    const FLOOD: usize = 100_000;
+    let t_flood = now_ms();
+    let template = job("f", "flood", every(1_000));
+    for chunk in 0..(FLOOD / 10_000) {
+        let records: Vec<_> = (chunk * 10_000..(chunk + 1) * 10_000)
+            .map(|i| {
+                let id = format!("f-{i}");
+                let run = Run {
+                    run_id: tocsin::model::records::run_id(&id, t_flood),
+                    job_id: id.clone(),
+                    tenant: "flood".into(),
+                    scheduled_ms: t_flood,
+                    fire_ms: t_flood,
+                    attempt: 1,
+                    reason: FireReason::Schedule,
+                    handler: to_sink(b"flood"),
+                    timeout_ms: 10_000,
+                    retry: template.retry,
+                    labels: Default::default(),
+                };
+                (
+                    id.into_bytes(),
+                    Some(codec::encode(&run, &Framing::SingleObject)),
+                )
+            })
+            .collect();
+        produce_raw(&config, "lane.flood", &records).await;
+    }
+    let mut calm = job("calm", "calm", every(1_000));
+    calm.handler = to_sink(b"calm");
+
+    let node = Node::start(&config, dir.path(), "s1");
+    let parts = config.topics.job_partitions as usize;
+    wait_until(Duration::from_secs(60), "the scheduler active", || {
+        node.log_text().matches("partition active").count() >= parts
+    });
+    put_jobs(&config, &[calm]).await;
+    let worker = Node::worker(&config, dir.path(), "w1", "p");
+    std::thread::sleep(Duration::from_secs(20));
+    let t_end = now_ms();
+    drop(worker);
+    drop(node);
+
+    let ev = events(&config, Duration::from_millis(500));
+    let flood_done: Vec<i64> = ev
+        .iter()
+        .filter(|e| e.tenant == "flood" && e.kind == RunEventKind::Succeeded)
+        .map(|e| e.at_ms)
+        .collect();
+    let first_flood = ev
+        .iter()
+        .filter(|e| e.tenant == "flood" && e.kind == RunEventKind::Started)
+        .map(|e| e.at_ms)
+        .min()
+        .expect("the worker never started a flood run");
+    // While the flood's backlog lasted: from its first run to its last (or the end).
+    let backlog_end = if flood_done.len() == FLOOD {
+        *flood_done.iter().max().unwrap()
+    } else {
+        t_end
+    };
+    let fired: std::collections::HashMap<i64, i64> = ev
+        .iter()
+        .filter(|e| e.job_id == "calm" && e.kind == RunEventKind::Fired)
+        .map(|e| (e.scheduled_ms, e.at_ms))
+        .collect();
+    let mut delays: Vec<i64> = ev
+        .iter()
+        .filter(|e| e.job_id == "calm" && e.kind == RunEventKind::Started)
+        .filter(|e| e.at_ms > first_flood + 1_000 && e.at_ms < backlog_end)
+        .filter_map(|e| Some(e.at_ms - fired.get(&e.scheduled_ms)?))
+        .collect();
+    delays.sort_unstable();
+    println!(
+        "fairness: {} flood runs done in {} ms of backlog; calm runs during it: {}, \
+         fired→started delay p50 {} ms, max {} ms",
+        flood_done.len(),
+        backlog_end - first_flood,
+        delays.len(),
+        delays.get(delays.len() / 2).copied().unwrap_or(-1),
+        delays.last().copied().unwrap_or(-1)
+    );
+    assert!(
+        delays.len() >= 5,
+        "too few calm runs while the flood lasted to judge: {delays:?}"
+    );
+    // Starved, the calm run would wait behind the whole backlog (tens of seconds).
+    assert!(
+        *delays.last().unwrap() < 2_000,
+        "the calm tenant waited behind the flood: {delays:?}"
     );
 }

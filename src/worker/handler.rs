@@ -228,3 +228,90 @@ async fn read_limited(pipe: Option<impl tokio::io::AsyncRead + Unpin>, limit: us
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::job::{HandlerSpec, RetryPolicy};
+    use crate::model::records::FireReason;
+
+    fn run(script: &str) -> Run {
+        Run {
+            run_id: "r1".into(),
+            job_id: "j1".into(),
+            tenant: "acme".into(),
+            scheduled_ms: 1_000,
+            fire_ms: 1_000,
+            attempt: 2,
+            reason: FireReason::Schedule,
+            handler: HandlerSpec {
+                kind: HandlerKind::Exec,
+                target: "sh".into(),
+                payload: b"from stdin".to_vec(),
+                headers: Default::default(),
+                method: None,
+                args: vec!["-c".into(), script.into()],
+            },
+            timeout_ms: 10_000,
+            retry: RetryPolicy::default(),
+            labels: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn exec_output_over_the_limit_is_truncated_not_fatal() {
+        let r = exec(&run("head -c 1000000 /dev/zero | tr '\\0' a"), 1_000).await;
+        let HandlerResult::Succeeded { output } = r else {
+            panic!("{r:?}")
+        };
+        assert!(output.starts_with(&"a".repeat(1_000)));
+        assert!(
+            output.ends_with("[output truncated]"),
+            "{}",
+            &output[1_000..]
+        );
+        assert!(output.len() < 1_100);
+    }
+
+    #[tokio::test]
+    async fn exec_sees_the_run_in_its_environment_and_the_payload_on_stdin() {
+        let r = exec(
+            &run("echo $TOCSIN_RUN_ID $TOCSIN_JOB_ID $TOCSIN_SCHEDULED_MS $TOCSIN_ATTEMPT; cat"),
+            1_000,
+        )
+        .await;
+        assert_eq!(
+            r,
+            HandlerResult::Succeeded {
+                output: "r1 j1 1000 2\nfrom stdin".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_failure_is_retryable_and_names_the_exit_status() {
+        let r = exec(&run("echo broken >&2; exit 3"), 1_000).await;
+        let HandlerResult::Failed { error, retry } = r else {
+            panic!("{r:?}")
+        };
+        assert!(retry);
+        assert!(
+            error.contains("exit status: 3") && error.contains("broken"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_fails_without_retry() {
+        let mut r = run("");
+        r.handler.target = "/nonexistent/tocsin-test-program".into();
+        let HandlerResult::Failed { error, retry } = exec(&r, 1_000).await else {
+            panic!()
+        };
+        assert!(!retry);
+        assert!(
+            error.contains("/nonexistent/tocsin-test-program"),
+            "{error}"
+        );
+    }
+}

@@ -143,17 +143,21 @@ pub async fn run(
     let per_tenant = shared.config.worker.per_tenant_concurrency;
     let mut paused: HashSet<(String, i32, String)> = HashSet::new();
     let mut commit_tick = tokio::time::interval(Duration::from_millis(500));
+    let mut resume_tick = tokio::time::interval(Duration::from_millis(20));
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = commit_tick.tick() => {
                 commit(&consumer, &shared);
+                while tasks.try_join_next().is_some() {}
+            }
+            _ = resume_tick.tick(), if !paused.is_empty() => {
                 // Resume lanes whose tenant has drained below its bound.
                 let tenants = shared.tenants.lock().unwrap();
                 paused.retain(|(topic, p, tenant)| {
                     let waiting = tenants.get(tenant).map_or(0, |(_, n)| *n);
-                    if waiting <= per_tenant * 2 {
+                    if waiting <= per_tenant * RESUME_BELOW {
                         let mut tpl = TopicPartitionList::new();
                         tpl.add_partition(topic, *p);
                         let _ = consumer.resume(&tpl);
@@ -162,7 +166,6 @@ pub async fn run(
                         true
                     }
                 });
-                while tasks.try_join_next().is_some() {}
             }
             msg = consumer.recv() => {
                 let m = match msg {
@@ -189,7 +192,7 @@ pub async fn run(
                     e.1 += 1;
                     e.1
                 };
-                if waiting > per_tenant * 4 && paused.insert((topic.clone(), partition, run.tenant.clone())) {
+                if waiting > per_tenant * PAUSE_ABOVE && paused.insert((topic.clone(), partition, run.tenant.clone())) {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition(&topic, partition);
                     let _ = consumer.pause(&tpl);
@@ -213,6 +216,12 @@ pub async fn run(
     commit(&consumer, &shared);
     Ok(())
 }
+
+/// A tenant's lane partitions are paused once more than `PAUSE_ABOVE` × its concurrency of its
+/// runs wait in this worker, and resumed when `RESUME_BELOW` × remain: enough queued to keep its
+/// slots busy across a refetch, never so many that another tenant's run queues behind them.
+const PAUSE_ABOVE: usize = 8;
+const RESUME_BELOW: usize = 4;
 
 fn regex_escape(s: &str) -> String {
     s.chars()
@@ -262,25 +271,32 @@ async fn execute(shared: &Shared, run: Run) {
     }
     let _tenant = tenant_sem.acquire().await.expect("semaphore open");
     let _global = shared.global.acquire().await.expect("semaphore open");
-    event(shared, &run, RunEventKind::Started, None, None).await;
     let started = std::time::Instant::now();
     let timeout = Duration::from_millis(run.timeout_ms.max(1));
-    let call = shared.handlers.call(&run);
-    tokio::pin!(call);
-    let mut beat = tokio::time::interval(shared.opts.heartbeat);
-    beat.tick().await;
-    let deadline = tokio::time::sleep(timeout);
-    tokio::pin!(deadline);
-    let result = loop {
-        tokio::select! {
-            r = &mut call => break r,
-            _ = &mut deadline => break HandlerResult::Failed {
-                error: format!("timed out after {} ms", run.timeout_ms),
-                retry: true,
-            },
-            _ = beat.tick() => event(shared, &run, RunEventKind::Heartbeat, None, None).await,
+    let attempt = async {
+        let call = shared.handlers.call(&run);
+        tokio::pin!(call);
+        let mut beat = tokio::time::interval(shared.opts.heartbeat);
+        beat.tick().await;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                r = &mut call => break r,
+                _ = &mut deadline => break HandlerResult::Failed {
+                    error: format!("timed out after {} ms", run.timeout_ms),
+                    retry: true,
+                },
+                _ = beat.tick() => event(shared, &run, RunEventKind::Heartbeat, None, None).await,
+            }
         }
     };
+    // The `started` event is enqueued first (so it precedes the others of this run on its
+    // partition) and delivered while the handler runs.
+    let ((), result) = tokio::join!(
+        event(shared, &run, RunEventKind::Started, None, None),
+        attempt
+    );
     let duration_ms = started.elapsed().as_millis() as u64;
     finish(shared, &run, &result, duration_ms).await;
     if let Some(cb) = &shared.opts.on_finished {
@@ -297,15 +313,16 @@ async fn finish(shared: &Shared, run: &Run, result: &HandlerResult, duration_ms:
     let now = (shared.now)();
     match result {
         HandlerResult::Succeeded { .. } => {
-            event(
-                shared,
-                run,
-                RunEventKind::Succeeded,
-                None,
-                Some(duration_ms),
-            )
-            .await;
-            completion(shared, run, Outcome::Succeeded).await;
+            tokio::join!(
+                event(
+                    shared,
+                    run,
+                    RunEventKind::Succeeded,
+                    None,
+                    Some(duration_ms),
+                ),
+                completion(shared, run, Outcome::Succeeded)
+            );
             if let Err(e) = shared.ledger.record(&run.run_id, now) {
                 warn!(error = %e, "ledger write failed");
             }
