@@ -132,7 +132,7 @@ impl Default for SchedulerConfig {
             data_dir: PathBuf::from("./tocsin-data"),
             tick_ms: 1000,
             max_runs_per_transaction: 5_000,
-            transaction_timeout_ms: 10_000,
+            transaction_timeout_ms: 5_000,
             misfire_threshold_ms: 60_000,
             max_runs_per_job_per_tick: 1_000,
             group_id: "tocsin-scheduler".into(),
@@ -151,6 +151,8 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     pub per_tenant_concurrency: usize,
     pub data_dir: PathBuf,
+    /// `host:port` of the worker's HTTP endpoint (/metrics, /healthz, /readyz); empty disables it.
+    pub http_listen: String,
 }
 
 impl Default for WorkerConfig {
@@ -161,6 +163,7 @@ impl Default for WorkerConfig {
             concurrency: 64,
             per_tenant_concurrency: 16,
             data_dir: PathBuf::from("./tocsin-worker-data"),
+            http_listen: String::new(),
         }
     }
 }
@@ -256,6 +259,22 @@ impl Config {
         if self.limits.max_payload_bytes == 0 {
             return Err(invalid("limits.max_payload_bytes", 0, "must be at least 1"));
         }
+        for (setting, listen) in [
+            ("scheduler.http_listen", &s.http_listen),
+            ("worker.http_listen", &self.worker.http_listen),
+        ] {
+            let valid = listen.is_empty()
+                || listen
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !valid {
+                return Err(invalid(
+                    setting,
+                    format!("{listen:?}"),
+                    "must be host:port, or empty to disable the endpoint",
+                ));
+            }
+        }
         if self.worker.concurrency == 0 {
             return Err(invalid("worker.concurrency", 0, "must be at least 1"));
         }
@@ -324,6 +343,10 @@ mod tests {
         };
         let msg = c.validate().unwrap_err().to_string();
         assert!(msg.contains("topic_prefix"), "{msg}");
+        let mut c = Config::default();
+        c.worker.http_listen = "9090".into();
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("worker.http_listen"), "{msg}");
         let mut c = Config::default();
         c.topics.job_partitions = 0;
         assert!(c

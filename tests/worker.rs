@@ -496,3 +496,110 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
         "the calm tenant waited behind the flood: {delays:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_joining_mid_run_takes_no_run_twice() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("revoke").await;
+    // Several tenants, so several lane topics (two partitions each) to share between workers;
+    // created up front so the first worker holds them all before any run fires.
+    const TENANTS: usize = 4;
+    const WAVES: i64 = 4;
+    let tenants: Vec<String> = (0..TENANTS).map(|t| format!("tenant{t}")).collect();
+    let admin = tocsin::kafka::admin::Admin::new(&config).unwrap();
+    let lanes: Vec<_> = tenants
+        .iter()
+        .map(|t| tocsin::kafka::admin::lane_topic(&config, t))
+        .collect();
+    admin.ensure(&lanes).await.unwrap();
+
+    let node = Node::start(&config, dir.path(), "s1");
+    let parts = config.topics.job_partitions as usize;
+    wait_until(Duration::from_secs(60), "the scheduler active", || {
+        node.log_text().matches("partition active").count() >= parts
+    });
+    let w1 = Node::worker(&config, dir.path(), "w1", "p");
+    std::thread::sleep(Duration::from_secs(3));
+    // Runs of 3 s, one per tenant every 2 s: runs are in flight on several lanes at any time.
+    let mut jobs = Vec::new();
+    for wave in 0..WAVES {
+        for (t, tenant) in tenants.iter().enumerate() {
+            let mut j = once_in(
+                &format!("j{t}-{wave}"),
+                tenant,
+                5 + 2 * wave,
+                exec("sleep 3"),
+            );
+            j.timeout_ms = 30_000;
+            j.retry.max_attempts = 1;
+            jobs.push(j);
+        }
+    }
+    let expected: Vec<String> = jobs
+        .iter()
+        .map(|j| tocsin::model::records::run_id(&j.id, once_at(j)))
+        .collect();
+    put_jobs(&config, &jobs).await;
+    wait_watching(
+        Duration::from_secs(30),
+        "a run to start on w1",
+        &[&node, &w1],
+        || {
+            events(&config, Duration::from_millis(300))
+                .iter()
+                .any(|e| e.kind == RunEventKind::Started)
+        },
+    );
+    // The second worker joins while runs are going: lane partitions move from w1 to w2.
+    let w2 = Node::worker(&config, dir.path(), "w2", "p");
+    wait_watching(
+        Duration::from_secs(90),
+        "every run to succeed",
+        &[&node, &w1, &w2],
+        || {
+            let ev = events(&config, Duration::from_millis(300));
+            expected.iter().all(|r| {
+                ev.iter()
+                    .any(|e| e.run_id == *r && e.kind == RunEventKind::Succeeded)
+            })
+        },
+    );
+    // A run taken twice would start again within a second of the move and finish 3 s later.
+    std::thread::sleep(Duration::from_secs(6));
+    let ev = events(&config, Duration::from_millis(500));
+    let count = |run: &str, kind| {
+        ev.iter()
+            .filter(|e| e.run_id == run && e.kind == kind)
+            .map(|e| e.node.as_str())
+            .collect::<Vec<_>>()
+    };
+    let mut twice = Vec::new();
+    for (job, run) in jobs.iter().zip(&expected) {
+        let started = count(run, RunEventKind::Started);
+        let succeeded = count(run, RunEventKind::Succeeded);
+        if started.len() != 1 || succeeded.len() != 1 {
+            twice.push(format!(
+                "{}: started on {started:?}, succeeded on {succeeded:?}",
+                job.id
+            ));
+        }
+    }
+    let on = |worker: &str| {
+        ev.iter()
+            .filter(|e| e.kind == RunEventKind::Started && e.node == worker)
+            .count()
+    };
+    println!(
+        "revoke: {} runs, {} started on w1, {} on w2",
+        expected.len(),
+        on("w1"),
+        on("w2")
+    );
+    assert!(
+        twice.is_empty(),
+        "runs not taken exactly once across the rebalance:\n{}\n--- w1 ---\n{}",
+        twice.join("\n"),
+        w1.log_text()
+    );
+    assert!(on("w2") > 0, "no lane moved to the second worker");
+}

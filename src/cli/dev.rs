@@ -1,11 +1,13 @@
 //! `tocsin dev`: a scheduler and a worker in one process, for trying Tocsin out.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::http;
 use crate::kafka::admin::{fleet_topics, Admin};
 use crate::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
 use crate::scheduler::{self, NodeStatus};
@@ -18,11 +20,33 @@ pub struct DevArgs {
     pub examples: bool,
     #[arg(long, default_value = "./tocsin-dev-data")]
     pub data_dir: std::path::PathBuf,
+    /// host:port of the HTTP endpoint (/metrics, /healthz, /readyz, /status); empty disables it.
+    #[arg(long, env = "TOCSIN_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
 }
 
 pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     config.scheduler.data_dir = args.data_dir.join("scheduler");
     config.worker.data_dir = args.data_dir.join("worker");
+    if let Some(listen) = &args.http_listen {
+        config.scheduler.http_listen = listen.clone();
+    }
+    config.validate()?;
+    // One process, one endpoint for both roles: the scheduler's address, else the worker's.
+    let listen = [&config.scheduler.http_listen, &config.worker.http_listen]
+        .into_iter()
+        .find(|l| !l.is_empty())
+        .cloned()
+        .unwrap_or_default();
+    let shutdown = CancellationToken::new();
+    let status = Arc::new(NodeStatus::default());
+    let worker_ready = Arc::new(AtomicBool::new(false));
+    if !listen.is_empty() {
+        let endpoint = http::Endpoint::new("dev", http::prometheus())
+            .with_scheduler(status.clone())
+            .with_worker(worker_ready.clone());
+        http::start(&listen, endpoint, shutdown.clone()).await?;
+    }
     let admin = Admin::new(&config)?;
     admin.ensure(&fleet_topics(&config)).await?;
     if args.examples {
@@ -31,14 +55,12 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
             println!("put example job {}", job.id);
         }
     }
-    let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
         super::scheduler::wait_for_signal().await;
         eprintln!("stopping");
         signals.cancel();
     });
-    let status = Arc::new(NodeStatus::default());
     let sched = tokio::spawn(scheduler::run(
         config.clone(),
         "dev".into(),
@@ -48,6 +70,7 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     ));
     let mut opts = WorkerOptions::new("dev");
     opts.on_finished = Some(Arc::new(super::worker::print_finished));
+    worker_ready.store(true, Ordering::Relaxed);
     let work = worker::run(config, opts, scheduler::system_clock(), shutdown.clone());
     let (s, w) = tokio::join!(sched, work);
     s??;

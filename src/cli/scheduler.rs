@@ -5,6 +5,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::http;
 use crate::kafka::admin::{fleet_topics, Admin};
 use crate::scheduler::{self, NodeStatus};
 
@@ -16,6 +17,9 @@ pub struct SchedulerArgs {
     /// RocksDB directory; a cache of Kafka, safe to delete.
     #[arg(long, env = "TOCSIN_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// host:port of the HTTP endpoint (/metrics, /healthz, /readyz, /status); empty disables it.
+    #[arg(long, env = "TOCSIN_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
 }
 
 pub async fn run(mut config: Config, args: &SchedulerArgs) -> anyhow::Result<()> {
@@ -25,16 +29,27 @@ pub async fn run(mut config: Config, args: &SchedulerArgs) -> anyhow::Result<()>
     if let Some(dir) = &args.data_dir {
         config.scheduler.data_dir = dir.clone();
     }
+    if let Some(listen) = &args.http_listen {
+        config.scheduler.http_listen = listen.clone();
+    }
+    config.validate()?;
     let node_id = config.scheduler.node_id.clone().unwrap_or_else(hostname);
-    Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;
     let shutdown = CancellationToken::new();
+    let status = Arc::new(NodeStatus::default());
+    // Bound before anything else, so a taken port fails at once; /readyz says 503 until the
+    // node has restored its partitions.
+    if !config.scheduler.http_listen.is_empty() {
+        let endpoint =
+            http::Endpoint::new(&node_id, http::prometheus()).with_scheduler(status.clone());
+        http::start(&config.scheduler.http_listen, endpoint, shutdown.clone()).await?;
+    }
+    Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;
     let signals = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("signal received; stopping");
         signals.cancel();
     });
-    let status = Arc::new(NodeStatus::default());
     scheduler::run(config, node_id, scheduler::system_clock(), status, shutdown).await?;
     Ok(())
 }

@@ -1,10 +1,12 @@
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::http;
 use crate::kafka::admin::{fleet_topics, Admin};
 use crate::worker::{self, Finished, HandlerResult, WorkerOptions};
 
@@ -25,6 +27,9 @@ pub struct WorkerArgs {
     pub concurrency: Option<usize>,
     #[arg(long)]
     pub per_tenant_concurrency: Option<usize>,
+    /// host:port of the HTTP endpoint (/metrics, /healthz, /readyz, /status); empty disables it.
+    #[arg(long, env = "TOCSIN_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
     /// Print every finished run on stdout.
     #[arg(long)]
     pub print_runs: bool,
@@ -47,6 +52,9 @@ impl WorkerArgs {
         if let Some(c) = self.per_tenant_concurrency {
             config.worker.per_tenant_concurrency = c;
         }
+        if let Some(l) = &self.http_listen {
+            config.worker.http_listen = l.clone();
+        }
     }
 }
 
@@ -68,21 +76,29 @@ pub fn print_finished(f: &Finished) {
 pub async fn run(mut config: Config, args: &WorkerArgs) -> anyhow::Result<()> {
     args.apply(&mut config);
     config.validate()?;
-    Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;
     let id = args
         .worker_id
         .clone()
         .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let shutdown = CancellationToken::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    if !config.worker.http_listen.is_empty() {
+        let endpoint = http::Endpoint::new(&id, http::prometheus()).with_worker(ready.clone());
+        http::start(&config.worker.http_listen, endpoint, shutdown.clone()).await?;
+    }
+    Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;
     let mut opts = WorkerOptions::new(id);
     if args.print_runs {
         opts.on_finished = Some(Arc::new(print_finished));
     }
-    let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
         super::scheduler::wait_for_signal().await;
         signals.cancel();
     });
+    // The lanes exist and the consumer loop starts now; the worker does not report when the
+    // group assigns it lanes, so ready means "consuming", not "assigned".
+    ready.store(true, Ordering::Relaxed);
     worker::run(config, opts, crate::scheduler::system_clock(), shutdown).await?;
     Ok(())
 }

@@ -9,11 +9,12 @@
 pub mod handler;
 pub mod ledger;
 pub mod offsets;
+pub mod rebalance;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -28,7 +29,8 @@ use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, R
 use crate::scheduler::NowFn;
 pub use handler::{Handler, HandlerResult, Handlers};
 use ledger::Ledger;
-use offsets::OffsetTracker;
+use offsets::Taken;
+use rebalance::LaneContext;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -62,6 +64,9 @@ pub struct WorkerOptions {
     pub custom: HashMap<String, Arc<dyn Handler>>,
     pub heartbeat: Duration,
     pub ledger_retention_ms: i64,
+    /// The longest a revoked lane partition waits for the runs started from it before it is
+    /// given back (they may then run again on the next owner). Default 30 s.
+    pub revoke_wait: Duration,
 }
 
 impl WorkerOptions {
@@ -72,6 +77,7 @@ impl WorkerOptions {
             custom: HashMap::new(),
             heartbeat: Duration::from_secs(5),
             ledger_retention_ms: 7 * 86_400_000,
+            revoke_wait: Duration::from_secs(30),
         }
     }
 }
@@ -83,13 +89,14 @@ struct Shared {
     producer: FutureProducer,
     handlers: Handlers,
     ledger: Ledger,
-    tracker: Mutex<OffsetTracker>,
+    lanes: Arc<LaneContext>,
     global: Semaphore,
     tenants: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
 }
 
 /// Runs a worker of `config.worker.pool` until `shutdown`; then stops taking runs, waits for
-/// those in flight (up to 30 s) and commits.
+/// those in flight (up to 30 s) and commits. A lane partition revoked meanwhile is given back
+/// the same way (see [`rebalance`]).
 pub async fn run(
     config: Config,
     opts: WorkerOptions,
@@ -112,7 +119,8 @@ pub async fn run(
     for (k, v) in &config.kafka {
         cc.set(k, v);
     }
-    let consumer: StreamConsumer = cc.create()?;
+    let consumer: StreamConsumer<LaneContext> =
+        cc.create_with_context(LaneContext::new(opts.revoke_wait))?;
     let topics: Vec<String> = if config.worker.lanes.iter().any(|l| l == "*") {
         vec![format!("^{}lane\\..*", regex_escape(&config.topic_prefix))]
     } else {
@@ -137,11 +145,11 @@ pub async fn run(
         producer,
         handlers,
         ledger,
-        tracker: Mutex::new(OffsetTracker::default()),
+        lanes: consumer.context().clone(),
         tenants: Mutex::new(HashMap::new()),
     });
     let per_tenant = shared.config.worker.per_tenant_concurrency;
-    let mut paused: HashSet<(String, i32, String)> = HashSet::new();
+    let lanes = shared.lanes.clone();
     let mut commit_tick = tokio::time::interval(Duration::from_millis(500));
     let mut resume_tick = tokio::time::interval(Duration::from_millis(20));
     let mut tasks = tokio::task::JoinSet::new();
@@ -152,10 +160,10 @@ pub async fn run(
                 commit(&consumer, &shared);
                 while tasks.try_join_next().is_some() {}
             }
-            _ = resume_tick.tick(), if !paused.is_empty() => {
+            _ = resume_tick.tick(), if !lanes.paused.lock().unwrap().is_empty() => {
                 // Resume lanes whose tenant has drained below its bound.
                 let tenants = shared.tenants.lock().unwrap();
-                paused.retain(|(topic, p, tenant)| {
+                lanes.paused.lock().unwrap().retain(|(topic, p, tenant)| {
                     let waiting = tenants.get(tenant).map_or(0, |(_, n)| *n);
                     if waiting <= per_tenant * RESUME_BELOW {
                         let mut tpl = TopicPartitionList::new();
@@ -173,13 +181,14 @@ pub async fn run(
                     Err(e) => { warn!(error = %e, "lane consumer error"); continue; }
                 };
                 let (topic, partition, offset) = (m.topic().to_owned(), m.partition(), m.offset());
-                shared.tracker.lock().unwrap().taken(&topic, partition, offset);
+                // A record fetched before its partition was revoked: the next owner runs it.
+                let Some(taken) = lanes.taken(&topic, partition, offset) else { continue };
                 let run: Run = match m.payload().map(codec::decode) {
                     Some(Ok(r)) => r,
                     other => {
                         warn!(topic = %topic, partition, offset, error = ?other.map(|r| r.err()),
                             "lane record is not a Tocsin Run; skipped");
-                        shared.tracker.lock().unwrap().finished(&topic, partition, offset);
+                        lanes.finished(&taken);
                         continue;
                     }
                 };
@@ -192,15 +201,18 @@ pub async fn run(
                     e.1 += 1;
                     e.1
                 };
-                if waiting > per_tenant * PAUSE_ABOVE && paused.insert((topic.clone(), partition, run.tenant.clone())) {
+                if waiting > per_tenant * PAUSE_ABOVE
+                    && lanes.paused.lock().unwrap().insert((topic.clone(), partition, run.tenant.clone()))
+                {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition(&topic, partition);
                     let _ = consumer.pause(&tpl);
                 }
                 let shared = shared.clone();
                 tasks.spawn(async move {
-                    execute(&shared, run).await;
-                    shared.tracker.lock().unwrap().finished(&topic, partition, offset);
+                    if execute(&shared, run, &taken).await {
+                        shared.lanes.finished(&taken);
+                    }
                 });
             }
         }
@@ -213,6 +225,8 @@ pub async fn run(
         while tasks.join_next().await.is_some() {}
     })
     .await;
+    // Closing the consumer revokes every partition: committed there too, without waiting again.
+    lanes.close();
     commit(&consumer, &shared);
     Ok(())
 }
@@ -235,8 +249,8 @@ fn regex_escape(s: &str) -> String {
         .collect()
 }
 
-fn commit(consumer: &StreamConsumer, shared: &Shared) {
-    let moves = shared.tracker.lock().unwrap().to_commit();
+fn commit(consumer: &StreamConsumer<LaneContext>, shared: &Shared) {
+    let moves = shared.lanes.tracker().to_commit();
     if moves.is_empty() {
         return;
     }
@@ -253,7 +267,9 @@ fn attempt_key(run: &Run) -> String {
     format!("{}/{}", run.run_id, run.attempt)
 }
 
-async fn execute(shared: &Shared, run: Run) {
+/// Runs `run` unless its ledger saw it finish; true when its record is done with, false when
+/// it was handed back (its partition revoked before it started).
+async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
     let now = (shared.now)();
     let tenant_sem = {
         let tenants = shared.tenants.lock().unwrap();
@@ -267,12 +283,18 @@ async fn execute(shared: &Shared, run: Run) {
     if shared.ledger.finished(&run.run_id, now) || shared.ledger.finished(&attempt_key(&run), now) {
         info!(run = %run.run_id, job = %run.job_id, attempt = run.attempt, "redelivered run already finished; skipped");
         done(shared);
-        return;
+        return true;
     }
     let _tenant = tenant_sem.acquire().await.expect("semaphore open");
     let _global = shared.global.acquire().await.expect("semaphore open");
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let timeout = Duration::from_millis(run.timeout_ms.max(1));
+    if !shared.lanes.start(taken, started + timeout) {
+        info!(run = %run.run_id, job = %run.job_id, attempt = run.attempt,
+            "lane revoked before the run started; handed back");
+        done(shared);
+        return false;
+    }
     let attempt = async {
         let call = shared.handlers.call(&run);
         tokio::pin!(call);
@@ -307,6 +329,7 @@ async fn execute(shared: &Shared, run: Run) {
         });
     }
     done(shared);
+    true
 }
 
 async fn finish(shared: &Shared, run: &Run, result: &HandlerResult, duration_ms: u64) {

@@ -1,0 +1,197 @@
+//! The HTTP endpoint of real nodes against the real broker: liveness at once, readiness once
+//! every partition is active, fires in `/metrics` and `/status`, 404 and 405, a worker's
+//! readiness, and a taken port as a start-up error naming the address.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::fleet::*;
+use common::*;
+
+/// A port nobody listens on right now (bound and released; fine for a test).
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Sends `request` and returns the status code and body; `None` when nobody answers.
+fn ask(addr: SocketAddr, request: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    ask(
+        addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+fn status_json(addr: SocketAddr) -> serde_json::Value {
+    let (code, body) = get(addr, "/status").expect("/status answers");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status is not JSON ({e}): {body}"))
+}
+
+/// The value of an unlabelled sample in Prometheus text, if present.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok())?
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_serve_health_readiness_metrics_and_status() {
+    let (mut config, dir) = setup("http").await;
+    let sched_addr = free_addr();
+    let work_addr = free_addr();
+    config.scheduler.http_listen = sched_addr.to_string();
+    config.worker.http_listen = work_addr.to_string();
+    let partitions = config.topics.job_partitions as u64;
+
+    let node = Node::start(&config, dir.path(), "n1");
+    let nodes = [&node];
+    wait_watching(
+        Duration::from_secs(30),
+        "/healthz to answer 200",
+        &nodes,
+        || get(sched_addr, "/healthz").is_some_and(|(c, b)| c == 200 && b == "ok\n"),
+    );
+
+    // Not ready says why; ready once this only node owns every partition and all are active.
+    let mut saw_not_ready = None;
+    wait_watching(
+        Duration::from_secs(60),
+        "/readyz 200 with every partition owned",
+        &nodes,
+        || match get(sched_addr, "/readyz") {
+            Some((200, body)) => {
+                assert_eq!(body, "ready\n");
+                status_json(sched_addr)["scheduler"]["owned"] == partitions
+            }
+            Some((503, body)) => {
+                assert!(body.starts_with("not ready: scheduler: "), "{body}");
+                saw_not_ready = Some(body);
+                false
+            }
+            other => panic!("/readyz answered {other:?}"),
+        },
+    );
+    eprintln!("not ready before: {saw_not_ready:?}");
+    let status = status_json(sched_addr);
+    assert_eq!(status["node_id"], "n1");
+    assert_eq!(status["ready"], true);
+    assert_eq!(status["scheduler"]["ready"], true);
+    assert_eq!(status["scheduler"]["owned"], partitions);
+    assert_eq!(status["scheduler"]["active"], partitions);
+    let (code, metrics) = get(sched_addr, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(
+        sample(&metrics, "tocsin_scheduler_partitions_owned"),
+        Some(partitions as f64),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "tocsin_scheduler_partitions_active"),
+        Some(partitions as f64)
+    );
+    assert_eq!(sample(&metrics, "tocsin_scheduler_ready"), Some(1.0));
+
+    // A job every second: fires show up in both the Prometheus counter and /status.
+    put_jobs(&config, &[job("tick", "acme", every(1000))]).await;
+    wait_watching(
+        Duration::from_secs(30),
+        "tocsin_runs_fired_total >= 2 in /metrics",
+        &nodes,
+        || {
+            get(sched_addr, "/metrics")
+                .and_then(|(_, m)| sample(&m, "tocsin_runs_fired_total"))
+                .is_some_and(|v| v >= 2.0)
+        },
+    );
+    let (_, metrics) = get(sched_addr, "/metrics").unwrap();
+    assert!(
+        metrics.contains("# TYPE tocsin_runs_fired_total counter"),
+        "{metrics}"
+    );
+    let fired = sample(&metrics, "tocsin_runs_fired_total").unwrap();
+    let fires = status_json(sched_addr)["scheduler"]["fires"]
+        .as_f64()
+        .unwrap();
+    assert!(fires >= fired, "/status fires {fires} < /metrics {fired}");
+
+    // Wrong path, wrong method, garbage: answered, and the endpoint keeps serving.
+    assert_eq!(get(sched_addr, "/nope").map(|r| r.0), Some(404));
+    assert_eq!(
+        ask(sched_addr, "DELETE /status HTTP/1.1\r\n\r\n").map(|r| r.0),
+        Some(405)
+    );
+    assert_eq!(
+        ask(sched_addr, "\u{1}\u{2} what\r\n\r\n").map(|r| r.0),
+        Some(400)
+    );
+    assert_eq!(get(sched_addr, "/healthz").map(|r| r.0), Some(200));
+
+    // A worker's endpoint: ready once it consumes its lanes; it reports no scheduler.
+    let worker = Node::worker(&config, dir.path(), "w1", "default");
+    wait_watching(
+        Duration::from_secs(30),
+        "worker /readyz 200",
+        &[&node, &worker],
+        || get(work_addr, "/readyz").is_some_and(|(c, _)| c == 200),
+    );
+    let ws = status_json(work_addr);
+    assert_eq!(ws["node_id"], "w1");
+    assert_eq!(ws["worker"]["ready"], true);
+    assert!(ws.get("scheduler").is_none(), "{ws}");
+    let (code, metrics) = get(work_addr, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(
+        sample(&metrics, "tocsin_worker_ready"),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // Both stop cleanly on SIGTERM with the endpoint running, and the endpoint goes with them.
+    worker.stop();
+    node.stop();
+    assert!(get(sched_addr, "/healthz").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_taken_port_stops_the_node_with_the_address_in_the_error() {
+    let (config, dir) = setup("http-taken").await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let data = dir.path().join("sched");
+    let out = run_tocsin(
+        &config,
+        &[
+            "scheduler",
+            "--node-id",
+            "taken",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--http-listen",
+            &addr,
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "the node started anyway:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("could not bind the HTTP endpoint to {addr}")),
+        "{stderr}"
+    );
+}
