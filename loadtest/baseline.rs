@@ -77,6 +77,39 @@ pub fn run(
     let timeout = Duration::from_secs(30);
     producer.init_transactions(timeout)?;
 
+    // Untimed warm-up: one transaction writing to every partition of the three topics, so
+    // freshly created partitions (their leaders, their first segments) are not measured.
+    // Retried, since on a busy broker the first writes to new partitions can outlast the
+    // transaction timeout.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        producer.begin_transaction()?;
+        let f = &prepared[0];
+        for topic in [&lane, &runs, &timers] {
+            for p in 0..topic.partitions as i32 {
+                send(
+                    &producer,
+                    BaseRecord::to(&topic.name)
+                        .partition(p)
+                        .key(&f.key[..])
+                        .payload(&f.timer[..]),
+                )?;
+            }
+        }
+        match producer.commit_transaction(timeout) {
+            Ok(()) => break,
+            Err(e) if attempt < 5 => {
+                tracing::warn!(error = %e, attempt, "baseline warm-up did not commit; again");
+                let abortable = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort());
+                if abortable {
+                    producer.abort_transaction(timeout)?;
+                }
+            }
+            Err(e) => return Err(e).context("the baseline warm-up never committed"),
+        }
+    }
+
     let per_txn = config.scheduler.max_runs_per_transaction as u64;
     let started = Instant::now();
     let mut done = 0u64;

@@ -132,7 +132,7 @@ impl Default for SchedulerConfig {
             data_dir: PathBuf::from("./tocsin-data"),
             tick_ms: 1000,
             max_runs_per_transaction: 5_000,
-            transaction_timeout_ms: 5_000,
+            transaction_timeout_ms: 10_000,
             misfire_threshold_ms: 60_000,
             max_runs_per_job_per_tick: 1_000,
             group_id: "tocsin-scheduler".into(),

@@ -37,6 +37,10 @@ const BARRIER_PREFIX: &[u8] = b"\0barrier/";
 /// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long our barrier may take to come back before the previous owner is fenced.
+const FENCE_AFTER: Duration = Duration::from_secs(1);
+/// A node fenced this recently is not fenced again (its abort is still being written).
+const FENCE_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// Most due entries gathered in one scan of the bucket index.
 const SCAN_LIMIT: usize = 200_000;
 
@@ -107,6 +111,11 @@ enum Phase {
     Restoring {
         token: String,
         barrier_written: bool,
+        /// When our barrier committed; a barrier not back within `FENCE_AFTER` means an open
+        /// transaction of another producer holds the partition's last stable offset.
+        barrier_at: Option<Instant>,
+        /// The node whose barrier we last replayed: the partition's previous owner.
+        previous_owner: Option<String>,
         buffered: Vec<OwnedMessage>,
     },
     Active,
@@ -139,6 +148,8 @@ pub struct Engine {
     lanes: HashSet<String>,
     assignments: u64,
     limits: Limits,
+    /// Previous owners fenced, and when.
+    fenced: HashMap<String, Instant>,
 }
 
 /// Changes of one transaction, applied to RocksDB only after it commits.
@@ -220,6 +231,7 @@ impl Engine {
             lanes: HashSet::new(),
             assignments: 0,
             limits,
+            fenced: HashMap::new(),
         })
     }
 
@@ -411,6 +423,8 @@ impl Engine {
             Phase::Restoring {
                 token,
                 barrier_written: false,
+                barrier_at: None,
+                previous_owner: None,
                 buffered: Vec::new(),
             },
         );
@@ -483,10 +497,13 @@ impl Engine {
         }
         for (p, _) in &pending {
             if let Some(Phase::Restoring {
-                barrier_written, ..
+                barrier_written,
+                barrier_at,
+                ..
             }) = self.parts.get_mut(p)
             {
                 *barrier_written = true;
+                *barrier_at = Some(Instant::now());
             }
         }
         Ok(())
@@ -560,13 +577,20 @@ impl Engine {
             n += 1;
             let p = m.partition();
             checkpoints.insert(p, m.offset() + 1);
-            let Some(Phase::Restoring { token, .. }) = self.parts.get(&p) else {
+            let Some(Phase::Restoring {
+                token,
+                previous_owner,
+                ..
+            }) = self.parts.get_mut(&p)
+            else {
                 continue;
             };
             let key = m.key().unwrap_or_default();
-            if key.starts_with(BARRIER_PREFIX) {
+            if let Some(owner) = key.strip_prefix(BARRIER_PREFIX) {
                 if m.payload() == Some(token.as_bytes()) {
                     done.push(p);
+                } else if owner != self.node_id.as_bytes() {
+                    *previous_owner = Some(String::from_utf8_lossy(owner).into_owned());
                 }
                 continue;
             }
@@ -611,7 +635,48 @@ impl Engine {
         for p in done {
             self.activate(p)?;
         }
+        self.fence_stalled_owners();
         Ok(())
+    }
+
+    /// A barrier that does not come back means an open transaction holds the partition: the
+    /// previous owner died or stalled mid-transaction. Rather than wait for the broker to
+    /// abort it (`transaction.timeout.ms`, plus its abort sweep), fence that owner's
+    /// transactional id, which aborts the transaction at once. On a thread of its own, so
+    /// firing of the partitions already active goes on. A live previous owner loses only its
+    /// open transaction (nothing of it was applied) and recreates its producer.
+    fn fence_stalled_owners(&mut self) {
+        let mut owners = BTreeSet::new();
+        for phase in self.parts.values() {
+            if let Phase::Restoring {
+                barrier_at: Some(at),
+                previous_owner: Some(owner),
+                ..
+            } = phase
+            {
+                if at.elapsed() >= FENCE_AFTER {
+                    owners.insert(owner.clone());
+                }
+            }
+        }
+        for owner in owners {
+            let recent = self
+                .fenced
+                .get(&owner)
+                .is_some_and(|at| at.elapsed() < FENCE_AGAIN_AFTER);
+            if recent {
+                continue;
+            }
+            self.fenced.insert(owner.clone(), Instant::now());
+            let config = self.config.clone();
+            let me = self.node_id.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("fence-{owner}"))
+                .spawn(move || fence(&config, &me, &owner));
+            if let Err(e) = spawned {
+                warn!(error = %e, "could not start the fencing thread");
+            }
+        }
     }
 
     fn activate(&mut self, p: i32) -> Result<()> {
@@ -1088,6 +1153,38 @@ fn is_fatal(e: &KafkaError) -> bool {
     matches!(e, KafkaError::Transaction(t) if t.is_fatal())
 }
 
+/// Aborts the open transaction of `owner` by initialising a producer with its transactional
+/// id (which bumps its epoch and fences it).
+fn fence(config: &Config, me: &str, owner: &str) {
+    let started = Instant::now();
+    let mut c = crate::kafka::producer_config(config);
+    c.set(
+        "client.id",
+        format!("tocsin-scheduler-{me}-fencing-{owner}"),
+    );
+    c.set("transactional.id", transactional_id(config, owner));
+    c.set(
+        "transaction.timeout.ms",
+        config.scheduler.transaction_timeout_ms.to_string(),
+    );
+    let result = c
+        .create::<BaseProducer>()
+        .and_then(|p| p.init_transactions(TXN_TIMEOUT));
+    match result {
+        Ok(()) => info!(
+            previous_owner = owner,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "fenced the previous owner's open transaction"
+        ),
+        Err(e) => warn!(previous_owner = owner, error = %e, "could not fence the previous owner"),
+    }
+}
+
+/// Stable per node: a restarted node fences its previous incarnation.
+fn transactional_id(config: &Config, node_id: &str) -> String {
+    format!("{}scheduler.{}", config.topic_prefix, node_id)
+}
+
 fn new_producer(
     config: &Config,
     node_id: &str,
@@ -1095,11 +1192,7 @@ fn new_producer(
 ) -> Result<BaseProducer<DeliveryContext>> {
     let mut c = crate::kafka::producer_config(config);
     c.set("client.id", format!("tocsin-scheduler-{node_id}"));
-    // Stable per node: a restarted node fences its previous incarnation.
-    c.set(
-        "transactional.id",
-        format!("{}scheduler.{}", config.topic_prefix, node_id),
-    );
+    c.set("transactional.id", transactional_id(config, node_id));
     c.set(
         "transaction.timeout.ms",
         config.scheduler.transaction_timeout_ms.to_string(),
