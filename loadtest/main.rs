@@ -81,7 +81,8 @@ pub struct Args {
     /// Where node configs, logs and data go; a fresh temporary directory by default.
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
-    /// Keep the work directory (it is kept anyway when the run fails).
+    /// Keep the work directory (it is kept anyway when the run fails) and the run's topics
+    /// (deleted by default: a small broker holds only so many partitions).
     #[arg(long)]
     pub keep: bool,
     /// Topic prefix; a fresh one per run by default.
@@ -106,7 +107,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub tick_ms: u64,
     /// `scheduler.max_runs_per_transaction` of the nodes (and of the baseline).
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 20000)]
     pub max_runs_per_transaction: usize,
     /// Steady, failover: runs due per second.
     #[arg(long, default_value_t = 10_000)]

@@ -51,6 +51,22 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
         }
         _ => tracing::info!(dir = %ctx.dir.display(), "work directory kept"),
     }
+    // The run's topics go (thousands of partitions; a small broker runs out of file handles
+    // after a few runs), unless asked to keep them.
+    if !args.keep {
+        let prefix = ctx.config.topic_prefix.clone();
+        match Admin::new(&ctx.config) {
+            Ok(admin) => match ctx.rt.block_on(admin.delete_prefixed(&prefix)) {
+                Ok(deleted) => {
+                    tracing::info!(prefix = %prefix, topics = deleted.len(), "run's topics deleted")
+                }
+                Err(e) => {
+                    tracing::warn!(prefix = %prefix, error = %e, "could not delete the run's topics")
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "could not delete the run's topics"),
+        }
+    }
     result
 }
 
@@ -700,7 +716,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
             "herd: {jobs} runs due at once on {n_nodes} node(s), share visible per tenant"
         ),
         x_label: "s after the herd instant".into(),
-        y_label: "% of the tenant's runs visible".into(),
+        y_label: "% of its runs visible, per tenant".into(),
         series,
         marks: Vec::new(),
     };

@@ -108,7 +108,11 @@ pub struct SchedulerConfig {
     pub data_dir: PathBuf,
     /// Firing resolution; ticks align to multiples of it on the wall clock.
     pub tick_ms: u64,
-    /// Runs per firing transaction; a larger herd is cut into several.
+    /// Runs per firing transaction; a larger herd is cut into several. A transaction's fixed
+    /// cost grows with the partitions it touches (a commit marker on each, up to every `timers`
+    /// partition), so with 1024 partitions small transactions are slow: on the 2-core reference
+    /// machine, raw transactional produce went from 3,400 to 24,600 fires/s from 5,000 to
+    /// 20,000 per transaction.
     pub max_runs_per_transaction: usize,
     /// Kept short: an open transaction of a stalled node holds back readers until it aborts.
     pub transaction_timeout_ms: u64,
@@ -131,7 +135,7 @@ impl Default for SchedulerConfig {
             node_id: None,
             data_dir: PathBuf::from("./tocsin-data"),
             tick_ms: 1000,
-            max_runs_per_transaction: 5_000,
+            max_runs_per_transaction: 20_000,
             transaction_timeout_ms: 10_000,
             misfire_threshold_ms: 60_000,
             max_runs_per_job_per_tick: 1_000,

@@ -113,6 +113,30 @@ impl Admin {
         })
     }
 
+    /// Deletes every topic whose name starts with `prefix` (the load test's own, after a run:
+    /// a broker holds only so many partitions). Returns the names deleted.
+    pub async fn delete_prefixed(&self, prefix: &str) -> Result<Vec<String>> {
+        if prefix.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = self
+            .partition_counts()?
+            .into_keys()
+            .filter(|t| t.starts_with(prefix))
+            .collect();
+        if names.is_empty() {
+            return Ok(names);
+        }
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+        for r in self.client.delete_topics(&refs, &opts).await? {
+            if let Err((topic, code)) = r {
+                tracing::warn!(topic = %topic, error = %code, "could not delete topic");
+            }
+        }
+        Ok(names)
+    }
+
     /// Partition counts of every topic the broker has, by name.
     pub fn partition_counts(&self) -> Result<BTreeMap<String, u32>> {
         // A blocking call: fine for the CLI, and the scheduler calls it from its own thread.
