@@ -390,15 +390,17 @@ impl Engine {
         self.assignments += 1;
         let now = (self.now)();
         // A checkpoint outside the partition's current offsets belongs to another topic of
-        // the same name (a recreated topic): trust it only when it fits.
-        let bounds = self
-            .restorer
-            .fetch_watermarks(&self.topics.timers, p, Duration::from_secs(10))
-            .ok();
+        // the same name (a recreated topic): trust it only when it fits. The watermarks cost a
+        // round trip per partition, so they are asked only when there is a checkpoint to check
+        // (a takeover of a dead node's partitions has none, and must not wait).
+        let fits = |restorer: &BaseConsumer, offset: i64| {
+            restorer
+                .fetch_watermarks(&self.topics.timers, p, Duration::from_secs(10))
+                .is_ok_and(|(low, high)| offset >= low && offset <= high)
+        };
         let from = match self.store.checkpoint(p as u16) {
             Ok(Some(Checkpoint { offset, written_ms }))
-                if now - written_ms < CHECKPOINT_MAX_AGE_MS
-                    && bounds.is_some_and(|(low, high)| offset >= low && offset <= high) =>
+                if now - written_ms < CHECKPOINT_MAX_AGE_MS && fits(&self.restorer, offset) =>
             {
                 Offset::Offset(offset)
             }
@@ -525,9 +527,35 @@ impl Engine {
         Ok(())
     }
 
+    /// Aborts the open transaction. An abort that times out is resumed by calling it again
+    /// (serving delivery reports in between, which the abort waits for); one that cannot
+    /// finish, or fails fatally, leaves a producer that would refuse every later transaction
+    /// ("conflicting abort_transaction call in progress"), so the producer is recreated, which
+    /// fences the old one and aborts its transaction at the coordinator.
     fn abort(&mut self) {
-        if let Err(e) = self.producer.abort_transaction(TXN_TIMEOUT) {
-            warn!(error = %e, "abort_transaction failed");
+        let deadline = Instant::now() + TXN_TIMEOUT;
+        let result = loop {
+            match self.producer.abort_transaction(Duration::from_secs(2)) {
+                Ok(()) => break Ok(()),
+                Err(KafkaError::Transaction(e))
+                    if e.is_retriable() && !e.is_fatal() && Instant::now() < deadline =>
+                {
+                    self.producer.poll(Duration::from_millis(50));
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if let Err(e) = result {
+            warn!(error = %e, "abort_transaction failed; recreating the producer");
+            match new_producer(&self.config, &self.node_id, &self.topics.timers) {
+                Ok(p) => {
+                    self.producer = p;
+                    if let Err(e) = self.producer.init_transactions(TXN_TIMEOUT) {
+                        error!(error = %e, "could not initialise the new producer");
+                    }
+                }
+                Err(e) => error!(error = %e, "could not recreate the producer"),
+            }
         }
         self.producer.context().delivered.lock().unwrap().clear();
         self.producer.context().failed.lock().unwrap().take();
@@ -659,6 +687,11 @@ impl Engine {
                 }
             }
         }
+        self.fence(owners);
+    }
+
+    /// Fences each of `owners` on a side thread, at most once per `FENCE_AGAIN_AFTER`.
+    fn fence(&mut self, owners: BTreeSet<String>) {
         for owner in owners {
             let recent = self
                 .fenced
