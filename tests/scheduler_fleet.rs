@@ -87,7 +87,8 @@ fn assert_co_partitioned(node: &Node) {
 #[tokio::test(flavor = "multi_thread")]
 async fn graceful_stop_hands_partitions_over_exactly_once() {
     let _g = SERIAL.lock().await;
-    let (config, dir) = setup("handover").await;
+    // The production partition count: two nodes split 1024 partitions.
+    let (config, dir) = setup_sized("handover", 1024).await;
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;

@@ -337,7 +337,9 @@ async fn overlap_skip_runs_a_slow_job_once_per_run_and_reports_the_skipped() {
             .filter(|e| e.job_id == "slow" && e.kind == kind)
             .collect()
     };
-    let started = of(RunEventKind::Started);
+    // `runs` has several partitions: events come in no global order.
+    let mut started = of(RunEventKind::Started);
+    started.sort_by_key(|e| e.scheduled_ms);
     let succeeded = of(RunEventKind::Succeeded);
     let skipped = of(RunEventKind::Skipped);
     println!(

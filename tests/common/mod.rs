@@ -186,8 +186,14 @@ pub mod fleet {
 
     /// A config with its own prefix and data directories, and the fleet topics created.
     pub async fn setup(test: &str) -> (Config, tempfile::TempDir) {
+        setup_sized(test, 8).await
+    }
+
+    /// As `setup`, with `job_partitions` partitions of `jobs`, `timers` and `control`.
+    pub async fn setup_sized(test: &str, job_partitions: u32) -> (Config, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let mut config = super::test_config(test);
+        config.topics.job_partitions = job_partitions;
         config.scheduler.data_dir = dir.path().join("sched");
         config.worker.data_dir = dir.path().join("work");
         tocsin::kafka::admin::Admin::new(&config)
