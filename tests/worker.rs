@@ -243,24 +243,15 @@ async fn http_retries_with_backoff_then_succeeds_or_goes_dead() {
         calls[2].0 - calls[1].0 >= 1_000,
         "second backoff not respected: {calls:?}"
     );
-    let flaky_kinds = kinds(&ev, "flaky");
-    assert_eq!(
-        flaky_kinds
-            .iter()
-            .filter(|(_, k)| *k == RunEventKind::Succeeded)
-            .count(),
-        1,
-        "{flaky_kinds:?}"
-    );
-    assert_eq!(
-        flaky_kinds
-            .iter()
-            .filter(|(_, k)| *k == RunEventKind::Retrying)
-            .count(),
-        2,
-        "{flaky_kinds:?}"
-    );
-    assert!(!flaky_kinds.iter().any(|(_, k)| *k == RunEventKind::Dead));
+    let count = |job: &str, kind: RunEventKind| {
+        let all = kinds(&ev, job);
+        (all.iter().filter(|(_, k)| *k == kind).count(), all)
+    };
+    let (n, all) = count("flaky", RunEventKind::Succeeded);
+    assert_eq!(n, 1, "{all:?}");
+    let (n, all) = count("flaky", RunEventKind::Retrying);
+    assert_eq!(n, 2, "{all:?}");
+    assert_eq!(count("flaky", RunEventKind::Dead).0, 0);
 
     // Broken: dead after three attempts, with its last error; a 404 is not retried.
     assert_eq!(broken.seen.lock().unwrap().len(), 3);
@@ -276,15 +267,8 @@ async fn http_retries_with_backoff_then_succeeds_or_goes_dead() {
     assert_eq!(m.attempts, 1);
     assert!(m.error.contains("HTTP 404"), "last error: {}", m.error);
     assert!(!dead.iter().any(|d| d.run.job_id == "flaky"));
-    let broken_kinds = kinds(&ev, "broken");
-    assert_eq!(
-        broken_kinds
-            .iter()
-            .filter(|(_, k)| *k == RunEventKind::Dead)
-            .count(),
-        1,
-        "{broken_kinds:?}"
-    );
+    let (n, all) = count("broken", RunEventKind::Dead);
+    assert_eq!(n, 1, "{all:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

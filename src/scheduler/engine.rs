@@ -110,8 +110,7 @@ impl ProducerContext for DeliveryContext {
 enum Phase {
     Restoring {
         token: String,
-        barrier_written: bool,
-        /// When our barrier committed; a barrier not back within `FENCE_AFTER` means an open
+        /// When our barrier committed (none yet: it is still to be written); a barrier not back within `FENCE_AFTER` means an open
         /// transaction of another producer holds the partition's last stable offset.
         barrier_at: Option<Instant>,
         /// The node whose barrier we last replayed: the partition's previous owner.
@@ -424,7 +423,6 @@ impl Engine {
             p,
             Phase::Restoring {
                 token,
-                barrier_written: false,
                 barrier_at: None,
                 previous_owner: None,
                 buffered: Vec::new(),
@@ -458,7 +456,7 @@ impl Engine {
             .filter_map(|(p, phase)| match phase {
                 Phase::Restoring {
                     token,
-                    barrier_written: false,
+                    barrier_at: None,
                     ..
                 } => Some((*p, token.clone())),
                 _ => None,
@@ -498,13 +496,7 @@ impl Engine {
             return Err(e);
         }
         for (p, _) in &pending {
-            if let Some(Phase::Restoring {
-                barrier_written,
-                barrier_at,
-                ..
-            }) = self.parts.get_mut(p)
-            {
-                *barrier_written = true;
+            if let Some(Phase::Restoring { barrier_at, .. }) = self.parts.get_mut(p) {
                 *barrier_at = Some(Instant::now());
             }
         }
@@ -705,7 +697,7 @@ impl Engine {
             let me = self.node_id.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("fence-{owner}"))
-                .spawn(move || fence(&config, &me, &owner));
+                .spawn(move || fence_owner(&config, &me, &owner));
             if let Err(e) = spawned {
                 warn!(error = %e, "could not start the fencing thread");
             }
@@ -1188,7 +1180,7 @@ fn is_fatal(e: &KafkaError) -> bool {
 
 /// Aborts the open transaction of `owner` by initialising a producer with its transactional
 /// id (which bumps its epoch and fences it).
-fn fence(config: &Config, me: &str, owner: &str) {
+fn fence_owner(config: &Config, me: &str, owner: &str) {
     let started = Instant::now();
     let mut c = crate::kafka::producer_config(config);
     c.set(
