@@ -25,6 +25,10 @@ impl Node {
             .append(true)
             .open(&log)
             .with_context(|| format!("could not open node log {}", log.display()))?;
+        // TOCSIN_LOADTEST_NODE_LOG overrides the nodes' log filter (e.g. `info,tocsin=debug`
+        // to see each transaction's size and duration); the partition events are info lines.
+        let filter = std::env::var("TOCSIN_LOADTEST_NODE_LOG")
+            .unwrap_or_else(|_| "info,librdkafka=warn".to_owned());
         let child = Command::new(bin)
             .env_remove("TOCSIN_CONFIG")
             .env_remove("TOCSIN_BOOTSTRAP")
@@ -34,13 +38,7 @@ impl Node {
             .env("NO_COLOR", "1")
             .arg("--config")
             .arg(cfg)
-            .args([
-                "--log",
-                "info,librdkafka=warn",
-                "scheduler",
-                "--node-id",
-                id,
-            ])
+            .args(["--log", filter.as_str(), "scheduler", "--node-id", id])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)

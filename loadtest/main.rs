@@ -78,7 +78,8 @@ pub struct Args {
     /// The `tocsin` binary; defaults to the one beside this program.
     #[arg(long)]
     pub tocsin_bin: Option<PathBuf>,
-    /// Where node configs, logs and data go; a fresh temporary directory by default.
+    /// Where node configs, logs and data go; a fresh temporary directory by default (removed
+    /// after a passing run). A directory given here is always kept.
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
     /// Keep the work directory (it is kept anyway when the run fails) and the run's topics
@@ -103,6 +104,11 @@ pub struct Args {
     /// Scheduler nodes [default: 3 for failover, 1 otherwise].
     #[arg(long)]
     pub nodes: Option<usize>,
+    /// steady/failover: after indexing, wait up to this long for the nodes to catch up with
+    /// what the ingest left due (every run seen in the last second at most tick + 1 s late)
+    /// before the measured window starts.
+    #[arg(long, default_value_t = 60)]
+    pub settle_max_s: u64,
     /// `scheduler.tick_ms` of the nodes.
     #[arg(long, default_value_t = 1000)]
     pub tick_ms: u64,

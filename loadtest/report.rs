@@ -54,6 +54,9 @@ pub struct Settings {
     pub payload_bytes: usize,
     pub kill_mode: Option<String>,
     pub kill_at_s: Option<f64>,
+    /// steady/failover: from every job indexed to the window's start (the nodes catching up
+    /// with what the ingest left due).
+    pub settle_s: Option<f64>,
     /// The broker's `group.consumer.session.timeout.ms` (the bound of a takeover).
     pub session_timeout_ms: Option<i64>,
     pub cpus: usize,

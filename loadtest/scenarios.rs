@@ -46,7 +46,7 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
         Scenario::Baseline => baseline_only(&mut ctx),
     };
     match &result {
-        Ok((r, _)) if r.audit_passed() && !args.keep => {
+        Ok((r, _)) if r.audit_passed() && !args.keep && args.work_dir.is_none() => {
             let _ = std::fs::remove_dir_all(&ctx.dir);
         }
         _ => tracing::info!(dir = %ctx.dir.display(), "work directory kept"),
@@ -235,6 +235,7 @@ impl<'a> Ctx<'a> {
             payload_bytes: a.payload_bytes,
             kill_mode: failover.then(|| format!("{:?}", a.kill_mode).to_lowercase()),
             kill_at_s: None,
+            settle_s: None,
             session_timeout_ms: self.session_timeout_ms,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             release_build: !cfg!(debug_assertions),
@@ -257,6 +258,7 @@ impl<'a> Ctx<'a> {
             fires = b.fires,
             secs = b.secs,
             per_s = b.per_s,
+            aborted = b.aborted,
             "baseline done"
         );
         Ok(Some(b.per_s))
@@ -320,6 +322,35 @@ fn sleep_until(at_ms: i64, nodes: &mut [Node], audit: &Audit) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(left.min(100) as u64));
     }
+}
+
+/// Waits until `earliest`, then until every run seen in the last second was at most
+/// `caught_up_ms` late (the nodes have fired what the ingest left due), for at most `limit`;
+/// returns when it stopped waiting.
+fn settle(
+    audit: &Audit,
+    nodes: &mut [Node],
+    earliest: i64,
+    caught_up_ms: i64,
+    limit: Duration,
+) -> Result<i64> {
+    sleep_until(earliest, nodes, audit)?;
+    let started = Instant::now();
+    loop {
+        let (worst, seen) = audit.recent_lag(1_000);
+        let caught_up = seen > 0 && worst.is_some_and(|w| w <= caught_up_ms);
+        if caught_up {
+            break;
+        }
+        if started.elapsed() > limit {
+            tracing::warn!(worst_lag_ms = ?worst, seen, "the nodes did not catch up before the window; measuring anyway");
+            break;
+        }
+        sleep_until(now_ms() + 200, nodes, audit)?;
+    }
+    let at = now_ms();
+    tracing::info!(waited_s = started.elapsed().as_secs_f64(), "settled");
+    Ok(at)
 }
 
 /// Waits until `want` runs scheduled in `[from, to)` are visible, or `limit` passes; then
@@ -508,7 +539,16 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let mut nodes = ctx.start_nodes(n_nodes)?;
     let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
 
-    let from = ceil_second(indexed_ms) + 2_000;
+    // Jobs indexed while others were already firing start with a backlog (their missed
+    // instants fire at once); the window measures the steady state after it.
+    let settled_ms = settle(
+        &audit,
+        &mut nodes,
+        ceil_second(indexed_ms) + 2_000,
+        ctx.config.scheduler.tick_ms as i64 + 1_000,
+        Duration::from_secs(a.settle_max_s),
+    )?;
+    let from = ceil_second(settled_ms);
     let to = from + duration as i64 * 1000;
     let kill_at_s = a.kill_at_s.unwrap_or(duration as f64 / 3.0);
     let mut marks = Vec::new();
@@ -581,6 +621,7 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let v = verdict(&obs, 0..jobs as u32, &expected, from, to);
 
     let mut settings = ctx.settings(Some(rate), Some(period), Some(duration));
+    settings.settle_s = Some((from - indexed_ms) as f64 / 1000.0);
     if failover {
         settings.kill_at_s = Some(kill_at_s);
     }
