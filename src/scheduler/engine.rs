@@ -740,6 +740,7 @@ impl Engine {
         }
         // Two rounds at most: the second picks up what the scan limit left behind.
         for _ in 0..2 {
+            let scanned = Instant::now();
             let mut due = Vec::new();
             let per_partition = (SCAN_LIMIT / active.len()).max(1_000);
             for p in &active {
@@ -748,6 +749,11 @@ impl Engine {
             if due.is_empty() {
                 return Ok(());
             }
+            debug!(
+                due = due.len(),
+                scan_ms = scanned.elapsed().as_millis() as u64,
+                "due scanned"
+            );
             let truncated = due.len() >= SCAN_LIMIT;
             let ordered = interleave_by_tenant(due);
             for chunk in ordered.chunks(self.config.scheduler.max_runs_per_transaction) {
@@ -778,7 +784,9 @@ impl Engine {
             fired_partitions: BTreeSet::new(),
             runs: 0,
         };
+        let mut filled = started.elapsed();
         let result = self.fill(&mut txn, &records, due, now).and_then(|()| {
+            filled = started.elapsed();
             let offsets = self.fence_offsets(&txn)?;
             self.commit(&offsets)
         });
@@ -787,6 +795,7 @@ impl Engine {
             records = records.len(),
             due = due.len(),
             runs = txn.runs,
+            fill_ms = filled.as_millis() as u64,
             elapsed_ms = elapsed.as_millis() as u64,
             ok = result.is_ok(),
             "transaction"
@@ -805,7 +814,12 @@ impl Engine {
                         },
                     );
                 }
+                let stored = Instant::now();
                 self.store.write(txn.batch)?;
+                debug!(
+                    store_ms = stored.elapsed().as_millis() as u64,
+                    "transaction stored"
+                );
                 for (tp, o) in txn.positions {
                     self.committed.insert(tp, o);
                 }

@@ -7,7 +7,9 @@
 //!   partition p up to now" is one range scan that also says whose it is, without decoding;
 //! - `meta`: `ckpt/(partition u16 BE)` → next `timers` offset to read + when it was written.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 
 use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, DB};
 
@@ -51,6 +53,10 @@ pub struct DueEntry {
 
 pub struct Store {
     db: DB,
+    /// Per partition, a wake instant no live `due` entry is below. A scan starts there instead
+    /// of at the partition's first key, so it does not walk the tombstones every fire leaves
+    /// behind (until compaction drops them, they cost a scan as much as live keys).
+    floors: Mutex<HashMap<u16, i64>>,
 }
 
 /// Sortable encoding of an instant: i64 with the sign bit flipped, big-endian.
@@ -96,7 +102,10 @@ impl Store {
             .into_iter()
             .map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
-        Ok(Store { db })
+        Ok(Store {
+            db,
+            floors: Mutex::new(HashMap::new()),
+        })
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
@@ -129,17 +138,20 @@ impl Store {
         limit: usize,
         out: &mut Vec<DueEntry>,
     ) -> Result<()> {
-        let start = due_key(partition, i64::MIN, "");
+        let floor = self.floor(partition);
+        let start = due_key(partition, floor, "");
         let iter = self.db.iterator_cf(
             self.cf(CF_DUE),
             IteratorMode::From(&start, Direction::Forward),
         );
+        let mut first_live = None;
         for (taken, item) in iter.enumerate() {
             let (k, v) = item?;
             if k.len() < 10 || k[..2] != partition.to_be_bytes() {
                 break;
             }
             let wake_ms = instant_from_key(&k[2..10]);
+            first_live.get_or_insert(wake_ms);
             if wake_ms > upto_ms || taken >= limit {
                 break;
             }
@@ -150,7 +162,22 @@ impl Store {
                 tenant: String::from_utf8_lossy(&v).into_owned(),
             });
         }
+        // Nothing below the first live key; nothing at all when the partition had none. Only
+        // `write` adds keys, and it lowers the floor to what it adds.
+        self.floors
+            .lock()
+            .unwrap()
+            .insert(partition, first_live.unwrap_or(i64::MAX));
         Ok(())
+    }
+
+    fn floor(&self, partition: u16) -> i64 {
+        self.floors
+            .lock()
+            .unwrap()
+            .get(&partition)
+            .copied()
+            .unwrap_or(i64::MIN)
     }
 
     pub fn checkpoint(&self, partition: u16) -> Result<Option<Checkpoint>> {
@@ -182,12 +209,17 @@ impl Store {
 
     pub fn write(&self, batch: Batch) -> Result<()> {
         self.db.write(batch.inner)?;
+        let mut floors = self.floors.lock().unwrap();
+        for (p, wake) in batch.lowest_wake {
+            floors.entry(p).and_modify(|f| *f = (*f).min(wake));
+        }
         Ok(())
     }
 
     pub fn batch(&self) -> Batch {
         Batch {
             inner: WriteBatch::default(),
+            lowest_wake: HashMap::new(),
         }
     }
 
@@ -210,6 +242,7 @@ impl Store {
         }
         batch.delete_cf(self.cf(CF_META), checkpoint_key(partition));
         self.db.write(batch)?;
+        self.floors.lock().unwrap().remove(&partition);
         Ok(())
     }
 }
@@ -217,6 +250,8 @@ impl Store {
 /// Changes applied together, after the Kafka transaction that carries them commits.
 pub struct Batch {
     inner: WriteBatch,
+    /// Per partition, the earliest wake instant this batch indexes.
+    lowest_wake: HashMap<u16, i64>,
 }
 
 impl Batch {
@@ -240,6 +275,10 @@ impl Batch {
             }
         }
         if let Some(w) = new_wake {
+            self.lowest_wake
+                .entry(partition)
+                .and_modify(|f| *f = (*f).min(w))
+                .or_insert(w);
             self.inner.put_cf(
                 store.cf(CF_DUE),
                 due_key(partition, w, job),
@@ -292,6 +331,74 @@ mod tests {
             assert!(instant_key(w[0]) < instant_key(w[1]), "{} < {}", w[0], w[1]);
             assert_eq!(instant_from_key(&instant_key(w[0])), w[0]);
         }
+    }
+
+    fn timer(job: &str, wake: i64) -> TimerState {
+        use crate::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
+        let handler = HandlerSpec {
+            kind: HandlerKind::Kafka,
+            target: "out".into(),
+            payload: Vec::new(),
+            headers: Default::default(),
+            method: None,
+            args: Vec::new(),
+        };
+        let every = ScheduleSpec::Interval {
+            every_ms: 1_000,
+            anchor_ms: 0,
+        };
+        TimerState {
+            definition: JobDefinition::new(job, "t", every, handler),
+            next_fire_ms: Some(wake),
+            fires: 0,
+            last_scheduled_ms: None,
+            in_flight: None,
+            buffered_ms: None,
+            pending: Vec::new(),
+        }
+    }
+
+    fn move_timer(store: &Store, job: &str, from: Option<i64>, to: i64) {
+        let mut b = store.batch();
+        let t = timer(job, to);
+        b.put_timer(store, 3, &t, &encode_timer(&t), from, Some(to));
+        store.write(b).unwrap();
+    }
+
+    fn due(store: &Store, upto: i64) -> Vec<(String, i64)> {
+        let mut out = Vec::new();
+        store.due(3, upto, 1_000, &mut out).unwrap();
+        out.into_iter().map(|e| (e.job, e.wake_ms)).collect()
+    }
+
+    /// Scans start at the partition's floor; an entry written below it later is still found.
+    #[test]
+    fn due_scan_sees_entries_written_below_its_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        move_timer(&store, "a", None, 1_000);
+        move_timer(&store, "b", None, 5_000);
+        assert_eq!(due(&store, 2_000), vec![("a".into(), 1_000)]);
+        // "a" fires and moves on: its old key is a tombstone below the floor now.
+        move_timer(&store, "a", Some(1_000), 6_000);
+        assert_eq!(due(&store, 2_000), vec![]);
+        assert_eq!(store.floor(3), 5_000);
+        // A retry or a new job due earlier than anything indexed.
+        move_timer(&store, "c", None, 1_500);
+        assert_eq!(due(&store, 2_000), vec![("c".into(), 1_500)]);
+        assert_eq!(
+            due(&store, 10_000),
+            vec![
+                ("c".into(), 1_500),
+                ("b".into(), 5_000),
+                ("a".into(), 6_000)
+            ]
+        );
+        // Emptied, then refilled.
+        store.clear_partition(3).unwrap();
+        assert_eq!(due(&store, 10_000), vec![]);
+        move_timer(&store, "d", None, 700);
+        assert_eq!(due(&store, 10_000), vec![("d".into(), 700)]);
     }
 
     #[test]
