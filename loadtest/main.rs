@@ -112,6 +112,10 @@ pub struct Args {
     /// `scheduler.tick_ms` of the nodes.
     #[arg(long, default_value_t = 1000)]
     pub tick_ms: u64,
+    /// `scheduler.transaction_timeout_ms` of the nodes: also how long a dead node's open
+    /// transaction holds back every `read_committed` reader of the partitions it wrote.
+    #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.transaction_timeout_ms)]
+    pub transaction_timeout_ms: u64,
     /// `scheduler.max_runs_per_transaction` of the nodes (and of the baseline).
     #[arg(long, default_value_t = 20000)]
     pub max_runs_per_transaction: usize,

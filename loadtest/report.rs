@@ -51,6 +51,7 @@ pub struct Settings {
     pub align: String,
     pub tick_ms: u64,
     pub max_runs_per_transaction: usize,
+    pub transaction_timeout_ms: u64,
     pub payload_bytes: usize,
     pub kill_mode: Option<String>,
     pub kill_at_s: Option<f64>,

@@ -107,6 +107,7 @@ impl<'a> Ctx<'a> {
         config.topics.rejected_partitions = 1;
         config.topics.replication_factor = 1;
         config.scheduler.tick_ms = args.tick_ms;
+        config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
         config.scheduler.data_dir = dir.join("data");
         config.validate()?;
@@ -232,6 +233,7 @@ impl<'a> Ctx<'a> {
             align: format!("{:?}", a.align).to_lowercase(),
             tick_ms: self.config.scheduler.tick_ms,
             max_runs_per_transaction: self.config.scheduler.max_runs_per_transaction,
+            transaction_timeout_ms: self.config.scheduler.transaction_timeout_ms,
             payload_bytes: a.payload_bytes,
             kill_mode: failover.then(|| format!("{:?}", a.kill_mode).to_lowercase()),
             kill_at_s: None,

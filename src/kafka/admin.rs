@@ -21,13 +21,6 @@ pub enum AdminError {
     },
     #[error("{}", .0.join("; "))]
     Mismatch(Vec<String>),
-    #[error("topic {topic} partition {partition} was not writable within {waited:?}: {error}")]
-    NotWritable {
-        topic: String,
-        partition: i32,
-        error: String,
-        waited: Duration,
-    },
     #[error("topic {topic} did not show up in broker metadata with {partitions} partitions within {waited:?}")]
     NotVisible {
         topic: String,
@@ -106,18 +99,15 @@ pub struct TopicInfo {
 
 pub struct Admin {
     client: AdminClient<DefaultClientContext>,
-    config: rdkafka::ClientConfig,
     replication: i32,
     timeout: Duration,
 }
 
 impl Admin {
     pub fn new(config: &Config) -> Result<Admin> {
-        let base = crate::kafka::base_config(config);
-        let client = base.create()?;
+        let client = crate::kafka::base_config(config).create()?;
         Ok(Admin {
             client,
-            config: base,
             replication: config.topics.replication_factor,
             timeout: Duration::from_secs(30),
         })
@@ -264,9 +254,6 @@ impl Admin {
             }
         }
         self.wait_visible(specs).await?;
-        if !created.is_empty() {
-            self.wait_writable(specs).await?;
-        }
         if created.len() < missing.len() {
             // Raced with another creator: check what it made, as for any existing topic.
             let raced: Vec<TopicSpec> = missing
@@ -287,49 +274,6 @@ impl Admin {
                 (s.clone(), how)
             })
             .collect())
-    }
-
-    /// Waits until the broker answers a ListOffsets for every partition of `specs`. Metadata
-    /// shows a new partition before its leader has created the log; a broker creating
-    /// thousands of partitions takes tens of seconds to do so, and a producer writing
-    /// meanwhile sees its records time out.
-    async fn wait_writable(&self, specs: &[TopicSpec]) -> Result<()> {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        use rdkafka::{Offset, TopicPartitionList};
-        let consumer: BaseConsumer = self.config.create()?;
-        let mut tpl = TopicPartitionList::new();
-        for s in specs {
-            for p in 0..s.partitions as i32 {
-                tpl.add_partition_offset(&s.name, p, Offset::End)?;
-            }
-        }
-        let started = Instant::now();
-        let limit = Duration::from_secs(120);
-        loop {
-            let pending = match consumer.offsets_for_times(tpl.clone(), self.timeout) {
-                Ok(answer) => answer
-                    .elements()
-                    .iter()
-                    .find(|e| e.error().is_err())
-                    .map(|e| {
-                        let error = e.error().err().map(|e| e.to_string()).unwrap_or_default();
-                        (e.topic().to_owned(), e.partition(), error)
-                    }),
-                Err(e) => specs.first().map(|s| (s.name.clone(), -1, e.to_string())),
-            };
-            match pending {
-                None => return Ok(()),
-                Some((topic, partition, error)) if started.elapsed() > limit => {
-                    return Err(AdminError::NotWritable {
-                        topic,
-                        partition,
-                        error,
-                        waited: started.elapsed(),
-                    })
-                }
-                Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
     }
 
     async fn wait_visible(&self, specs: &[TopicSpec]) -> Result<()> {

@@ -41,8 +41,13 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 const FENCE_AFTER: Duration = Duration::from_secs(1);
 /// A node fenced this recently is not fenced again (its abort is still being written).
 const FENCE_AGAIN_AFTER: Duration = Duration::from_secs(10);
-/// Most due entries gathered in one scan of the bucket index.
-const SCAN_LIMIT: usize = 200_000;
+/// Most parsed schedules kept (see `cache_schedule`).
+const SCHEDULE_CACHE: usize = 100_000;
+/// Most due entries gathered in one scan of the bucket index. Fairness across tenants holds
+/// within one scan: the index is ordered by instant and job id, not tenant, so a herd larger
+/// than this is taken in slices, and a small tenant's runs in a later slice wait for it. At
+/// about 100 bytes an entry, a million is 100 MB for the moment of a herd that size.
+const SCAN_LIMIT: usize = 1_000_000;
 
 /// One rebalance: assigned (true) or revoked, and the (topic, partition) pairs.
 type RebalanceEvent = (bool, Vec<(String, i32)>);
@@ -965,11 +970,8 @@ impl Engine {
         }
         match Schedule::from_job(def) {
             Ok(s) => {
-                if self.schedules.len() > 1_000_000 {
-                    self.schedules.clear();
-                }
                 let s = Arc::new(s);
-                self.schedules.insert(def.id.clone(), s.clone());
+                self.cache_schedule(def.id.clone(), s.clone());
                 Some(s)
             }
             Err(e) => {
@@ -977,6 +979,16 @@ impl Engine {
                 None
             }
         }
+    }
+
+    /// Parsed schedules are a cache: one of every job a node holds would cost hundreds of
+    /// bytes per timer (gigabytes at 10 M). A full cache starts over; a job fired later
+    /// parses its schedule again.
+    fn cache_schedule(&mut self, job: String, schedule: Arc<Schedule>) {
+        if self.schedules.len() >= SCHEDULE_CACHE {
+            self.schedules = HashMap::new();
+        }
+        self.schedules.insert(job, schedule);
     }
 
     fn ingest(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
@@ -1041,7 +1053,7 @@ impl Engine {
                 s
             }
         };
-        self.schedules.insert(job, schedule);
+        self.cache_schedule(job, schedule);
         self.save(txn, p, state, old_wake)
     }
 
