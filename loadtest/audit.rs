@@ -85,17 +85,15 @@ impl Audit {
     }
 
     /// The worst lag (seen − scheduled) of the runs that came out of `poll` in the last
-    /// `within_ms`, and how many there were.
-    pub fn recent_lag(&self, within_ms: i64) -> (Option<i64>, usize) {
+    /// `within_ms`; `None` when there were none.
+    pub fn recent_lag(&self, within_ms: i64) -> Option<i64> {
         let since = now_ms() - within_ms;
         let obs = self.shared.obs.lock().unwrap();
-        let recent = obs.iter().rev().take_while(|o| o.seen_ms >= since);
-        let (mut worst, mut n) = (None, 0);
-        for o in recent {
-            n += 1;
-            worst = worst.max(Some(o.seen_ms - o.scheduled_ms));
-        }
-        (worst, n)
+        obs.iter()
+            .rev()
+            .take_while(|o| o.seen_ms >= since)
+            .map(|o| o.seen_ms - o.scheduled_ms)
+            .max()
     }
 
     /// Fails if the consumer failed.

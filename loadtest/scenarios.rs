@@ -54,17 +54,14 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
     // The run's topics go (thousands of partitions; a small broker runs out of file handles
     // after a few runs), unless asked to keep them.
     if !args.keep {
-        let prefix = ctx.config.topic_prefix.clone();
-        match Admin::new(&ctx.config) {
-            Ok(admin) => match ctx.rt.block_on(admin.delete_prefixed(&prefix)) {
-                Ok(deleted) => {
-                    tracing::info!(prefix = %prefix, topics = deleted.len(), "run's topics deleted")
-                }
-                Err(e) => {
-                    tracing::warn!(prefix = %prefix, error = %e, "could not delete the run's topics")
-                }
-            },
-            Err(e) => tracing::warn!(error = %e, "could not delete the run's topics"),
+        let prefix = &ctx.config.topic_prefix;
+        let deleted = Admin::new(&ctx.config)
+            .and_then(|admin| ctx.rt.block_on(admin.delete_prefixed(prefix)));
+        match deleted {
+            Ok(d) => tracing::info!(prefix = %prefix, topics = d.len(), "run's topics deleted"),
+            Err(e) => {
+                tracing::warn!(prefix = %prefix, error = %e, "could not delete the run's topics")
+            }
         }
     }
     result
@@ -260,7 +257,6 @@ impl<'a> Ctx<'a> {
             fires = b.fires,
             secs = b.secs,
             per_s = b.per_s,
-            aborted = b.aborted,
             "baseline done"
         );
         Ok(Some(b.per_s))
@@ -339,13 +335,12 @@ fn settle(
     sleep_until(earliest, nodes, audit)?;
     let started = Instant::now();
     loop {
-        let (worst, seen) = audit.recent_lag(1_000);
-        let caught_up = seen > 0 && worst.is_some_and(|w| w <= caught_up_ms);
-        if caught_up {
+        let worst = audit.recent_lag(1_000);
+        if worst.is_some_and(|w| w <= caught_up_ms) {
             break;
         }
         if started.elapsed() > limit {
-            tracing::warn!(worst_lag_ms = ?worst, seen, "the nodes did not catch up before the window; measuring anyway");
+            tracing::warn!(worst_lag_ms = ?worst, "the nodes did not catch up before the window; measuring anyway");
             break;
         }
         sleep_until(now_ms() + 200, nodes, audit)?;

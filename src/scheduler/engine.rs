@@ -115,8 +115,9 @@ impl ProducerContext for DeliveryContext {
 enum Phase {
     Restoring {
         token: String,
-        /// When our barrier committed (none yet: it is still to be written); a barrier not back within `FENCE_AFTER` means an open
-        /// transaction of another producer holds the partition's last stable offset.
+        /// When our barrier committed (`None`: still to be written). A barrier not back within
+        /// `FENCE_AFTER` means an open transaction of another producer holds the partition's
+        /// last stable offset.
         barrier_at: Option<Instant>,
         /// The node whose barrier we last replayed: the partition's previous owner.
         previous_owner: Option<String>,
@@ -789,9 +790,9 @@ impl Engine {
             fired_partitions: BTreeSet::new(),
             runs: 0,
         };
-        let mut filled = started.elapsed();
-        let result = self.fill(&mut txn, &records, due, now).and_then(|()| {
-            filled = started.elapsed();
+        let filled = self.fill(&mut txn, &records, due, now);
+        let fill_ms = started.elapsed().as_millis() as u64;
+        let result = filled.and_then(|()| {
             let offsets = self.fence_offsets(&txn)?;
             self.commit(&offsets)
         });
@@ -800,7 +801,7 @@ impl Engine {
             records = records.len(),
             due = due.len(),
             runs = txn.runs,
-            fill_ms = filled.as_millis() as u64,
+            fill_ms,
             elapsed_ms = elapsed.as_millis() as u64,
             ok = result.is_ok(),
             "transaction"
