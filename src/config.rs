@@ -89,12 +89,27 @@ impl Default for TopicsConfig {
 pub struct LimitsConfig {
     /// Largest handler payload a job may carry.
     pub max_payload_bytes: usize,
+    /// Which topics a `kafka` job may write into. Tocsin's own topics (under the prefix) are
+    /// refused whatever this says.
+    pub kafka_targets: KafkaTargets,
+}
+
+/// The topics a tenant's `kafka` jobs may target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaTargets {
+    /// Any topic outside Tocsin's own (the default: one trusted team).
+    #[default]
+    Any,
+    /// Only topics named `<tenant>.…`: tenants cannot write into each other's topics.
+    TenantPrefix,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
-            max_payload_bytes: 1024 * 1024,
+            max_payload_bytes: crate::model::validate::DEFAULT_MAX_PAYLOAD_BYTES,
+            kafka_targets: KafkaTargets::default(),
         }
     }
 }
@@ -152,11 +167,21 @@ pub struct WorkerConfig {
     pub pool: String,
     /// Lane topics: tenant names, or `*` for every lane (a pattern).
     pub lanes: Vec<String>,
+    /// Runs executing at once on this worker (default 1024). A run holds its slot while its
+    /// handler runs; the reports of a finished run are delivered after it gave the slot back.
     pub concurrency: usize,
+    /// Runs of one tenant executing at once (default 256), so one tenant cannot take every slot.
     pub per_tenant_concurrency: usize,
     pub data_dir: PathBuf,
     /// `host:port` of the worker's HTTP endpoint (/metrics, /healthz, /readyz); empty disables it.
     pub http_listen: String,
+    /// How long the ledger remembers a finished run (default 7 days): a redelivery within it is
+    /// acknowledged without running again; one later runs again.
+    pub ledger_retention_ms: u64,
+    /// How often ledger entries past the retention are dropped (default 60 s).
+    pub ledger_prune_interval_ms: u64,
+    pub exec: ExecConfig,
+    pub http: HttpTargetConfig,
 }
 
 impl Default for WorkerConfig {
@@ -164,10 +189,50 @@ impl Default for WorkerConfig {
         WorkerConfig {
             pool: "default".into(),
             lanes: vec!["*".into()],
-            concurrency: 64,
-            per_tenant_concurrency: 16,
+            concurrency: 1024,
+            per_tenant_concurrency: 256,
             data_dir: PathBuf::from("./tocsin-worker-data"),
             http_listen: String::new(),
+            ledger_retention_ms: 7 * 86_400_000,
+            ledger_prune_interval_ms: 60_000,
+            exec: ExecConfig::default(),
+            http: HttpTargetConfig::default(),
+        }
+    }
+}
+
+/// `[worker.exec]`: who may run which program. An `exec` run runs as the worker's user, so it
+/// is off unless enabled, and then only for the programs listed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecConfig {
+    /// Off by default: every `exec` run goes to `dead`.
+    pub enabled: bool,
+    /// Absolute paths of the programs an `exec` run may start, compared as written (a target
+    /// without `/` is looked up in the worker's `PATH` first). Allowing a shell allows any
+    /// command.
+    pub allow: Vec<PathBuf>,
+    /// Tenants whose runs may use `exec`; empty: every tenant.
+    pub tenants: Vec<String>,
+}
+
+/// `[worker.http]`: which hosts an `http` run may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpTargetConfig {
+    /// Whether hosts whose every address is public may be called (default true).
+    pub allow_public: bool,
+    /// Hosts that may be called besides: names (`billing.internal`, `*.internal` for its
+    /// subdomains), addresses or CIDRs (`10.1.0.0/16`, `::1`). Loopback, private, link-local and
+    /// other non-public addresses are refused unless listed here.
+    pub allow_hosts: Vec<String>,
+}
+
+impl Default for HttpTargetConfig {
+    fn default() -> Self {
+        HttpTargetConfig {
+            allow_public: true,
+            allow_hosts: Vec::new(),
         }
     }
 }
@@ -196,6 +261,15 @@ impl Config {
                 setting,
                 value: value.to_string(),
                 rule,
+            }
+        }
+        for key in self.kafka.keys() {
+            if let Some(rule) = forbidden_kafka_setting(key) {
+                return Err(ConfigError::Invalid {
+                    setting: "kafka",
+                    value: format!("{key:?}"),
+                    rule,
+                });
             }
         }
         if self.bootstrap.trim().is_empty() {
@@ -289,6 +363,47 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        let w = &self.worker;
+        if w.ledger_retention_ms == 0 {
+            return Err(invalid(
+                "worker.ledger_retention_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if w.ledger_prune_interval_ms < 100 {
+            return Err(invalid(
+                "worker.ledger_prune_interval_ms",
+                w.ledger_prune_interval_ms,
+                "must be at least 100",
+            ));
+        }
+        if let Some(p) = w.exec.allow.iter().find(|p| !p.is_absolute()) {
+            return Err(invalid(
+                "worker.exec.allow",
+                format!("{:?}", p.display().to_string()),
+                "must hold absolute program paths",
+            ));
+        }
+        if w.exec.enabled && w.exec.allow.is_empty() {
+            return Err(invalid(
+                "worker.exec.allow",
+                "[]",
+                "must list at least one program when worker.exec.enabled = true",
+            ));
+        }
+        if let Some(h) = w
+            .http
+            .allow_hosts
+            .iter()
+            .find(|h| crate::worker::policy::HostRule::parse(h).is_err())
+        {
+            return Err(invalid(
+                "worker.http.allow_hosts",
+                format!("{h:?}"),
+                "must hold host names, `*.domain`, IP addresses or CIDRs (10.0.0.0/8)",
+            ));
+        }
         Ok(())
     }
 
@@ -297,14 +412,68 @@ impl Config {
         format!("{}{}", self.topic_prefix, name)
     }
 
+    /// The lane of `tenant`; see `tenant_topic_part` for why `.` and `_` are escaped.
     pub fn lane_topic(&self, tenant: &str) -> String {
-        format!("{}lane.{}", self.topic_prefix, tenant)
+        format!(
+            "{}lane.{}",
+            self.topic_prefix,
+            crate::model::job::tenant_topic_part(tenant)
+        )
     }
+}
+
+/// `[kafka]` pass-through settings that would break a guarantee, with the rule they break.
+/// Everything else passes through to librdkafka (SASL, TLS, timeouts, sizes).
+fn forbidden_kafka_setting(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "isolation.level" => {
+            "is Tocsin's to set: lanes and timers are read read_committed, or aborted runs would \
+             be seen"
+        }
+        "enable.auto.commit" | "enable.auto.offset.store" => {
+            "is Tocsin's to set: offsets are committed with the transactions (scheduler) or below \
+             the lowest unfinished run (worker)"
+        }
+        "transactional.id" => {
+            "is Tocsin's to set: it is derived from the node id, and a shared one would fence \
+             every other node"
+        }
+        "partitioner" | "partitioner.class" => {
+            "is Tocsin's to set: keys are placed as Kafka's Java client places them (murmur2), \
+             or jobs and timers would not be co-partitioned"
+        }
+        "bootstrap.servers" | "metadata.broker.list" => {
+            "would shadow --bootstrap (the `bootstrap` setting); set that instead"
+        }
+        "group.id" => "is Tocsin's to set: the scheduler group and each worker pool have their own",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kafka_settings_that_break_guarantees_are_refused() {
+        for key in [
+            "isolation.level",
+            "enable.auto.commit",
+            "transactional.id",
+            "partitioner",
+            "bootstrap.servers",
+        ] {
+            let mut c = Config::default();
+            c.kafka.insert(key.into(), "x".into());
+            let msg = c.validate().unwrap_err().to_string();
+            assert!(msg.contains(&format!("{key:?}")), "{msg}");
+        }
+        let mut c = Config::default();
+        c.kafka
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        c.kafka.insert("message.max.bytes".into(), "2000000".into());
+        c.validate().unwrap();
+    }
 
     #[test]
     fn defaults_are_valid_and_match_the_design() {
@@ -358,5 +527,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("topics.job_partitions"));
+    }
+
+    #[test]
+    fn worker_defaults_leave_exec_off_and_private_hosts_refused() {
+        let w = Config::default().worker;
+        assert_eq!((w.concurrency, w.per_tenant_concurrency), (1024, 256));
+        assert!(!w.exec.enabled && w.exec.allow.is_empty() && w.exec.tenants.is_empty());
+        assert!(w.http.allow_public && w.http.allow_hosts.is_empty());
+        let c = Config::from_toml(
+            "[worker.exec]\nenabled = true\nallow = [\"/bin/true\"]\ntenants = [\"acme\"]\n\
+             [worker.http]\nallow_hosts = [\"127.0.0.1\", \"10.0.0.0/8\", \"*.internal\"]\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.worker.exec.allow, vec![PathBuf::from("/bin/true")]);
+        let err = Config::from_toml("[worker.exec]\nallowed = []\n").unwrap_err();
+        assert!(err.contains("allowed"), "{err}");
+    }
+
+    #[test]
+    fn invalid_worker_policies_name_the_setting() {
+        let mut c = Config::default();
+        c.worker.exec.enabled = true;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("worker.exec.allow"), "{msg}");
+        c.worker.exec.allow = vec!["true".into()];
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("worker.exec.allow") && msg.contains("absolute"),
+            "{msg}"
+        );
+        let mut c = Config::default();
+        c.worker.http.allow_hosts = vec!["10.0.0.0/33".into()];
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("worker.http.allow_hosts") && msg.contains("/33"),
+            "{msg}"
+        );
+        let mut c = Config::default();
+        c.worker.ledger_retention_ms = 0;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("worker.ledger_retention_ms"), "{msg}");
     }
 }

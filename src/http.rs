@@ -142,6 +142,23 @@ impl Endpoint {
         self
     }
 
+    /// Why the node cannot make progress on its own, or `None` while it can.
+    fn stalled(&self) -> Option<String> {
+        let s = self.scheduler.as_ref()?;
+        let since = s.failing_since_ms.load(Ordering::Relaxed);
+        let failing_for = now_ms() - since;
+        if since == 0 || failing_for <= crate::scheduler::STALL_LIMIT_MS {
+            return None;
+        }
+        let last = s.last_error.lock().unwrap().clone();
+        Some(format!(
+            "scheduler: every step failed for {} s (limit {} s); last error: {}",
+            failing_for / 1000,
+            crate::scheduler::STALL_LIMIT_MS / 1000,
+            last.map_or_else(|| "none".into(), |(_, e)| e)
+        ))
+    }
+
     /// Why the node is not ready, or `None` when it is.
     fn not_ready(&self) -> Option<String> {
         let mut why = Vec::new();
@@ -155,7 +172,12 @@ impl Endpoint {
                         owned - active
                     )
                 } else {
-                    "scheduler: not in the group yet or the last step failed".to_owned()
+                    match s.last_error.lock().unwrap().clone() {
+                        Some((_, e)) if s.failing_since_ms.load(Ordering::Relaxed) != 0 => {
+                            format!("scheduler: the last step failed: {e}")
+                        }
+                        _ => "scheduler: not in the group yet".to_owned(),
+                    }
                 });
             }
         }
@@ -179,6 +201,9 @@ impl Endpoint {
                 "owned": s.owned.load(Ordering::Relaxed),
                 "active": s.active.load(Ordering::Relaxed),
                 "fires": s.fires.load(Ordering::Relaxed),
+                "last_error": s.last_error.lock().unwrap().as_ref().map(|(at, e)| {
+                    serde_json::json!({ "at_ms": at, "error": e })
+                }),
             });
         }
         if let Some(r) = &self.worker_ready {
@@ -231,7 +256,10 @@ impl Endpoint {
 
     fn route(&self, path: &str) -> Response {
         match path {
-            "/healthz" => Response::text(200, "ok\n"),
+            "/healthz" => match self.stalled() {
+                None => Response::text(200, "ok\n"),
+                Some(why) => Response::text(503, format!("unhealthy: {why}\n")),
+            },
             "/readyz" => match self.not_ready() {
                 None => Response::text(200, "ready\n"),
                 Some(why) => Response::text(503, format!("not ready: {why}\n")),
@@ -490,9 +518,49 @@ pub async fn start(
     Ok(Some(addr))
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scheduler_failing_past_the_stall_limit_is_unhealthy() {
+        let e = scheduler(8, 8, false);
+        let status = e.scheduler.clone().unwrap();
+        *status.last_error.lock().unwrap() = Some((now_ms(), "kafka: broker down".into()));
+        status
+            .failing_since_ms
+            .store(now_ms() - 5_000, Ordering::Relaxed);
+        assert_eq!(get(&e, "/healthz").status, 200);
+        assert_eq!(
+            get(&e, "/readyz").body,
+            "not ready: scheduler: the last step failed: kafka: broker down\n"
+        );
+        status.failing_since_ms.store(
+            now_ms() - crate::scheduler::STALL_LIMIT_MS - 1_000,
+            Ordering::Relaxed,
+        );
+        let h = get(&e, "/healthz");
+        assert_eq!(h.status, 503);
+        assert!(
+            h.body
+                .starts_with("unhealthy: scheduler: every step failed for 12"),
+            "{}",
+            h.body
+        );
+        assert!(
+            h.body.contains("last error: kafka: broker down"),
+            "{}",
+            h.body
+        );
+        status.failing_since_ms.store(0, Ordering::Relaxed);
+        assert_eq!(get(&e, "/healthz").status, 200);
+    }
 
     fn scheduler(owned: usize, active: usize, ready: bool) -> Endpoint {
         let status = Arc::new(NodeStatus::default());
@@ -535,7 +603,7 @@ mod tests {
         assert!(r.body.contains("3 of 8 owned partitions"), "{}", r.body);
         let r = get(&scheduler(8, 8, false), "/readyz");
         assert_eq!(r.status, 503);
-        assert!(r.body.contains("last step failed"), "{}", r.body);
+        assert!(r.body.contains("not in the group yet"), "{}", r.body);
 
         let ready = Arc::new(AtomicBool::new(false));
         let both = scheduler(2, 2, true).with_worker(ready.clone());

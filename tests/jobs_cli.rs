@@ -121,3 +121,147 @@ async fn put_get_pause_resume_delete_through_the_cli() {
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("Mars/Olympus"));
 }
+
+fn failed(out: std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "tocsin jobs succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_for_jobs_that_do_not_exist_fail_with_a_reason() {
+    let (config, _dir) = setup_sized("jobscli-missing", 8).await;
+    for args in [
+        &["trigger", "nope"][..],
+        &["delete", "nope"],
+        &["pause", "nope"],
+        &["resume", "nope"],
+        &[
+            "backfill",
+            "nope",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--to",
+            "2026-01-02T00:00:00Z",
+        ],
+    ] {
+        let err = failed(jobs(&config, args));
+        assert!(err.contains("job \"nope\" not found"), "{args:?}: {err}");
+    }
+    ok(jobs(
+        &config,
+        &[
+            "put", "--id", "real", "--tenant", "acme", "--every", "1h", "--target", "out",
+        ],
+    ));
+    let err = failed(jobs(
+        &config,
+        &[
+            "backfill",
+            "real",
+            "--from",
+            "2026-01-02T00:00:00Z",
+            "--to",
+            "2026-01-01T00:00:00Z",
+        ],
+    ));
+    assert!(
+        err.contains("backfill range of job \"real\" is reversed"),
+        "{err}"
+    );
+    ok(jobs(&config, &["trigger", "real"]));
+}
+
+/// With no broker at the address, every command ends within 15 s with one line naming the
+/// address. (A behaviour users rely on, not a benchmark: librdkafka's own timeouts are 30 to
+/// 300 s.)
+#[test]
+fn commands_fail_fast_when_no_broker_answers() {
+    // A port nothing listens on.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let put = [
+        "jobs", "put", "--id", "j", "--tenant", "acme", "--every", "1h", "--target", "out",
+    ];
+    for args in [
+        &put[..],
+        &["jobs", "get", "j"],
+        &["jobs", "trigger", "j"],
+        &["topics", "ensure"],
+        &["scheduler", "--node-id", "n1"],
+        &["worker", "--pool", "p", "--lanes", "*"],
+    ] {
+        let started = std::time::Instant::now();
+        let out = tocsin()
+            .env_remove("TOCSIN_BOOTSTRAP")
+            .env_remove("TOCSIN_CONFIG")
+            .args(["--bootstrap", &addr])
+            .args(args)
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(took < Duration::from_secs(15), "{args:?} took {took:?}");
+        assert!(
+            err.contains(&format!("cannot reach Kafka at {addr}")),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `--from` shows the fires after any instant; a dry run needs no broker.
+#[test]
+fn dry_run_from_any_instant() {
+    let out = tocsin()
+        .env_remove("TOCSIN_BOOTSTRAP")
+        .env_remove("TOCSIN_CONFIG")
+        .args(["--bootstrap", "127.0.0.1:1"])
+        .args([
+            "jobs",
+            "put",
+            "--id",
+            "summer",
+            "--tenant",
+            "acme",
+            "--cron",
+            "0 0 12 1 7 *",
+            "--zone",
+            "America/New_York",
+            "--target",
+            "out",
+            "--dry-run",
+            "--from",
+            "2030-01-01T00:00:00Z",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first: Vec<&str> = stdout
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    // 12:00 EDT is 16:00Z.
+    assert_eq!(
+        first,
+        [
+            "2030-07-01T16:00:00Z",
+            "2031-07-01T16:00:00Z",
+            "2032-07-01T16:00:00Z",
+            "2033-07-01T16:00:00Z",
+            "2034-07-01T16:00:00Z"
+        ],
+        "{stdout}"
+    );
+}

@@ -1,6 +1,8 @@
 //! Workers against the real broker, with a scheduler process: a worker killed mid-run and the
-//! ledger that keeps a redelivered run from running twice; HTTP retries and dead letters; exec
-//! timeouts; the overlap policy; one tenant's flood beside another tenant's runs.
+//! ledger that keeps a redelivered run from running twice (and forgets past its retention);
+//! HTTP retries and dead letters; exec timeouts; the overlap policy; one tenant's flood beside
+//! another tenant's runs; what a worker refuses to run (exec off by default or outside its
+//! allow-list, private HTTP hosts, Tocsin's own topics).
 
 mod common;
 
@@ -37,10 +39,18 @@ fn once_at(j: &JobDefinition) -> i64 {
     }
 }
 
+/// `setup`, with exec enabled for `/bin/sh` (exec is off by default).
+async fn setup_exec(test: &str) -> (tocsin::config::Config, tempfile::TempDir) {
+    let (mut config, dir) = setup(test).await;
+    config.worker.exec.enabled = true;
+    config.worker.exec.allow = vec!["/bin/sh".into()];
+    (config, dir)
+}
+
 fn exec(script: &str) -> HandlerSpec {
     HandlerSpec {
         kind: HandlerKind::Exec,
-        target: "sh".into(),
+        target: "/bin/sh".into(),
         payload: vec![],
         headers: Default::default(),
         method: None,
@@ -51,7 +61,7 @@ fn exec(script: &str) -> HandlerSpec {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_worker_s_run_completes_elsewhere_and_a_redelivery_is_not_run_again() {
     let _g = SERIAL.lock().await;
-    let (config, dir) = setup("killworker").await;
+    let (config, dir) = setup_exec("killworker").await;
     let mut long = once_in("long", "acme", 2, exec("sleep 4"));
     long.timeout_ms = 30_000;
     let _node = Node::start(&config, dir.path(), "s1");
@@ -190,7 +200,9 @@ fn kinds(ev: &[RunEvent], job: &str) -> Vec<(u32, RunEventKind)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn http_retries_with_backoff_then_succeeds_or_goes_dead() {
     let _g = SERIAL.lock().await;
-    let (config, dir) = setup("http").await;
+    let (mut config, dir) = setup("http").await;
+    // The targets are local: loopback is refused unless listed.
+    config.worker.http.allow_hosts = vec!["127.0.0.1".into()];
     let flaky = http_target(vec![503, 503, 200]);
     let broken = http_target(vec![500]);
     let missing = http_target(vec![404]);
@@ -274,7 +286,7 @@ async fn http_retries_with_backoff_then_succeeds_or_goes_dead() {
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_timeout_kills_the_command_and_fails_the_run() {
     let _g = SERIAL.lock().await;
-    let (config, dir) = setup("exectimeout").await;
+    let (config, dir) = setup_exec("exectimeout").await;
     let marker = dir.path().join("finished");
     let mut slow = once_in(
         "slow",
@@ -305,7 +317,7 @@ async fn exec_timeout_kills_the_command_and_fails_the_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn overlap_skip_runs_a_slow_job_once_per_run_and_reports_the_skipped() {
     let _g = SERIAL.lock().await;
-    let (config, dir) = setup("overlap").await;
+    let (config, dir) = setup_exec("overlap").await;
     let mut slow = job("slow", "acme", every(1_000));
     slow.handler = exec("sleep 3");
     slow.timeout_ms = 30_000;
@@ -368,7 +380,7 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     let (config, dir) = setup("fair").await;
     let admin = tocsin::kafka::admin::Admin::new(&config).unwrap();
     let sink = tocsin::kafka::admin::TopicSpec {
-        name: config.topic("sink"),
+        name: sink_name(&config),
         partitions: 2,
         cleanup: tocsin::kafka::admin::Cleanup::Delete,
     };
@@ -389,8 +401,9 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
         args: vec![],
     };
 
-    // 100,000 runs queued in the flood tenant's lane before the worker starts.
-    const FLOOD: usize = 100_000;
+    // 250,000 runs queued in the flood tenant's lane before the worker starts: a backlog that
+    // lasts well over ten seconds even at one worker's full speed (about 13,000 runs/s here).
+    const FLOOD: usize = 250_000;
     let t_flood = now_ms();
     let template = job("f", "flood", every(1_000));
     for chunk in 0..(FLOOD / 10_000) {
@@ -486,7 +499,7 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_joining_mid_run_takes_no_run_twice() {
     let _g = SERIAL.lock().await;
-    let (config, dir) = setup("revoke").await;
+    let (config, dir) = setup_exec("revoke").await;
     // Several tenants, so several lane topics (two partitions each) to share between workers;
     // created up front so the first worker holds them all before any run fires.
     const TENANTS: usize = 4;
@@ -588,4 +601,348 @@ async fn a_worker_joining_mid_run_takes_no_run_twice() {
         w1.log_text()
     );
     assert!(on("w2") > 0, "no lane moved to the second worker");
+}
+
+/// A run as the scheduler would fire it now, put straight on its tenant's lane by `put_runs`.
+fn lane_run(id: &str, tenant: &str, handler: HandlerSpec) -> Run {
+    let at = now_ms();
+    Run {
+        run_id: tocsin::model::records::run_id(id, at),
+        job_id: id.into(),
+        tenant: tenant.into(),
+        scheduled_ms: at,
+        fire_ms: at,
+        attempt: 1,
+        reason: FireReason::Schedule,
+        handler,
+        timeout_ms: 10_000,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            backoff_base_ms: 500,
+            backoff_cap_ms: 1_000,
+        },
+        labels: Default::default(),
+    }
+}
+
+async fn put_runs(config: &tocsin::config::Config, runs: &[Run]) {
+    for r in runs {
+        let lane = config.lane_topic(&r.tenant);
+        let topic = lane.strip_prefix(&config.topic_prefix).unwrap();
+        let value = codec::encode(r, &Framing::SingleObject);
+        produce_raw(
+            config,
+            topic,
+            &[(r.job_id.clone().into_bytes(), Some(value))],
+        )
+        .await;
+    }
+}
+
+/// A topic of this test for kafka runs to write into: outside the prefix, whose topics are
+/// Tocsin's and refused as targets.
+fn sink_name(config: &tocsin::config::Config) -> String {
+    format!("{}-sink", config.topic_prefix.trim_end_matches('.'))
+}
+
+/// The lanes of `tenants` and a sink topic for kafka runs; returns the sink's name.
+async fn ensure_topics(config: &tocsin::config::Config, tenants: &[&str]) -> String {
+    let admin = tocsin::kafka::admin::Admin::new(config).unwrap();
+    let sink = tocsin::kafka::admin::TopicSpec {
+        name: sink_name(config),
+        partitions: 1,
+        cleanup: tocsin::kafka::admin::Cleanup::Delete,
+    };
+    let mut specs: Vec<_> = tenants
+        .iter()
+        .map(|t| tocsin::kafka::admin::lane_topic(config, t))
+        .collect();
+    specs.push(sink.clone());
+    admin.ensure(&specs).await.unwrap();
+    sink.name
+}
+
+/// A worker of pool `p` on every lane, with extra flags.
+fn worker_with(
+    config: &tocsin::config::Config,
+    dir: &std::path::Path,
+    id: &str,
+    flags: &[&str],
+) -> Node {
+    let cfg_path = dir.join("tocsin.toml");
+    if !cfg_path.exists() {
+        std::fs::write(&cfg_path, toml::to_string(config).unwrap()).unwrap();
+    }
+    let log = dir.join(format!("{id}.log"));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let child = common::tocsin()
+        .env_remove("TOCSIN_BOOTSTRAP")
+        .env_remove("TOCSIN_TOPIC_PREFIX")
+        .args([
+            "--config",
+            cfg_path.to_str().unwrap(),
+            "--log",
+            "info,librdkafka=warn",
+        ])
+        .args(["worker", "--pool", "p", "--lanes", "*", "--worker-id", id])
+        .args(flags)
+        .stdout(std::process::Stdio::null())
+        .stderr(out)
+        .spawn()
+        .expect("start worker");
+    Node {
+        id: id.into(),
+        child,
+        log,
+    }
+}
+
+fn program(path: &str, args: &[&str]) -> HandlerSpec {
+    HandlerSpec {
+        kind: HandlerKind::Exec,
+        target: path.into(),
+        payload: vec![],
+        headers: Default::default(),
+        method: None,
+        args: args.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+fn dead_of<'a>(dead: &'a [DeadLetter], job: &str) -> Option<&'a DeadLetter> {
+    dead.iter().find(|d| d.run.job_id == job)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_is_off_by_default_and_then_limited_to_its_allow_list_and_tenants() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("execpolicy").await;
+    ensure_topics(&config, &["acme", "ops"]).await;
+    let marker = dir.path().join("ran");
+
+    // Off by default: refused to dead at the first attempt, naming the rule.
+    let w = Node::worker(&config, dir.path(), "w1", "p");
+    put_runs(
+        &config,
+        &[lane_run("off", "ops", program("/bin/true", &[]))],
+    )
+    .await;
+    wait_watching(
+        Duration::from_secs(60),
+        "the exec run to go dead",
+        &[&w],
+        || dead_of(&dead_letters(&config), "off").is_some(),
+    );
+    let dead = dead_letters(&config);
+    let d = dead_of(&dead, "off").unwrap();
+    assert_eq!(d.attempts, 1, "a refused run was retried");
+    assert!(
+        d.error.contains("worker.exec.enabled = false") && d.error.contains("/bin/true"),
+        "reason: {}",
+        d.error
+    );
+    w.stop();
+
+    // Enabled for one program and one tenant by flags: that runs, nothing else does.
+    let w = worker_with(
+        &config,
+        dir.path(),
+        "w1",
+        &["--allow-exec", "/bin/true", "--exec-tenants", "ops"],
+    );
+    let touch = format!("touch {}", marker.display());
+    put_runs(
+        &config,
+        &[
+            lane_run("allowed", "ops", program("/bin/true", &[])),
+            lane_run("shell", "ops", program("/bin/sh", &["-c", &touch])),
+            lane_run("tenant", "acme", program("/bin/true", &[])),
+        ],
+    )
+    .await;
+    wait_watching(
+        Duration::from_secs(60),
+        "the allowed run to succeed and the others to go dead",
+        &[&w],
+        || {
+            let dead = dead_letters(&config);
+            let ev = events(&config, Duration::from_millis(300));
+            dead_of(&dead, "shell").is_some()
+                && dead_of(&dead, "tenant").is_some()
+                && kinds(&ev, "allowed").contains(&(1, RunEventKind::Succeeded))
+        },
+    );
+    let dead = dead_letters(&config);
+    let shell = dead_of(&dead, "shell").unwrap();
+    assert!(
+        shell.error.contains("\"/bin/sh\"") && shell.error.contains("worker.exec.allow"),
+        "reason: {}",
+        shell.error
+    );
+    assert_eq!(shell.attempts, 1);
+    let tenant = dead_of(&dead, "tenant").unwrap();
+    assert!(
+        tenant.error.contains("\"acme\"") && tenant.error.contains("worker.exec.tenants"),
+        "reason: {}",
+        tenant.error
+    );
+    assert!(dead_of(&dead, "allowed").is_none());
+    assert!(!marker.exists(), "a program outside the allow-list ran");
+    let ev = events(&config, Duration::from_millis(300));
+    assert!(
+        !kinds(&ev, "shell")
+            .iter()
+            .any(|(_, k)| *k == RunEventKind::Retrying),
+        "{:?}",
+        kinds(&ev, "shell")
+    );
+    w.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_runs_into_tocsin_topics_and_http_runs_to_loopback_are_refused() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("targets").await;
+    let sink = ensure_topics(&config, &["acme", "othertenant"]).await;
+    let local = http_target(vec![200]);
+    let to = |topic: &str| HandlerSpec {
+        kind: HandlerKind::Kafka,
+        target: topic.into(),
+        payload: b"forged".to_vec(),
+        headers: Default::default(),
+        method: None,
+        args: vec![],
+    };
+    let other_lane = config.lane_topic("othertenant");
+    let w = Node::worker(&config, dir.path(), "w1", "p");
+    put_runs(
+        &config,
+        &[
+            lane_run("into-lane", "acme", to(&other_lane)),
+            lane_run("into-control", "acme", to(&config.topic("control"))),
+            lane_run("to-sink", "acme", to(&sink)),
+            lane_run("to-loopback", "acme", http(&local.url)),
+        ],
+    )
+    .await;
+    wait_watching(
+        Duration::from_secs(60),
+        "the refused runs to go dead and the sink run to succeed",
+        &[&w],
+        || {
+            let dead = dead_letters(&config);
+            let ev = events(&config, Duration::from_millis(300));
+            ["into-lane", "into-control", "to-loopback"]
+                .iter()
+                .all(|j| dead_of(&dead, j).is_some())
+                && kinds(&ev, "to-sink").contains(&(1, RunEventKind::Succeeded))
+        },
+    );
+    let dead = dead_letters(&config);
+    for (job, topic) in [
+        ("into-lane", other_lane.clone()),
+        ("into-control", config.topic("control")),
+    ] {
+        let d = dead_of(&dead, job).unwrap();
+        assert!(
+            d.error.contains(&format!("{topic:?}")) && d.error.contains("Tocsin topic"),
+            "reason: {}",
+            d.error
+        );
+        assert_eq!(d.attempts, 1);
+    }
+    let d = dead_of(&dead, "to-loopback").unwrap();
+    assert!(
+        d.error.contains("127.0.0.1") && d.error.contains("worker.http.allow_hosts"),
+        "reason: {}",
+        d.error
+    );
+    assert!(
+        local.seen.lock().unwrap().is_empty(),
+        "the loopback target was called"
+    );
+    let lane = other_lane.strip_prefix(&config.topic_prefix).unwrap();
+    assert!(
+        read_all(&config, lane, Duration::from_millis(500)).is_empty(),
+        "a run wrote into another tenant's lane"
+    );
+    let sunk = common::drain(&config, &sink, Duration::from_millis(500));
+    assert_eq!(sunk.len(), 1);
+    w.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_stays_bounded_by_its_retention_and_still_skips_recent_redeliveries() {
+    let _g = SERIAL.lock().await;
+    let (mut config, dir) = setup("ledger").await;
+    config.worker.ledger_retention_ms = 8_000;
+    config.worker.ledger_prune_interval_ms = 500;
+    let sink = ensure_topics(&config, &["acme"]).await;
+    let to_sink = HandlerSpec {
+        kind: HandlerKind::Kafka,
+        target: sink,
+        payload: b"x".to_vec(),
+        headers: Default::default(),
+        method: None,
+        args: vec![],
+    };
+    let w = Node::worker(&config, dir.path(), "w1", "p");
+    // Ten runs a second for 20 s: two and a half retentions' worth.
+    const BATCHES: usize = 20;
+    let mut all = Vec::new();
+    for b in 0..BATCHES {
+        let batch: Vec<Run> = (0..10)
+            .map(|i| lane_run(&format!("l-{b}-{i}"), "acme", to_sink.clone()))
+            .collect();
+        put_runs(&config, &batch).await;
+        all.extend(batch);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_watching(
+        Duration::from_secs(60),
+        "every run to succeed",
+        &[&w],
+        || {
+            let ev = events(&config, Duration::from_millis(300));
+            all.iter().all(|r| {
+                ev.iter()
+                    .any(|e| e.run_id == r.run_id && e.kind == RunEventKind::Succeeded)
+            })
+        },
+    );
+    assert!(
+        w.log_text()
+            .contains("ledger entries past the retention dropped"),
+        "the ledger was never pruned"
+    );
+    // The last run finished within the retention: delivered again, it is not run again.
+    let last = all.last().unwrap().clone();
+    put_runs(&config, &[last.clone()]).await;
+    wait_watching(
+        Duration::from_secs(20),
+        "the redelivery to be acknowledged",
+        &[&w],
+        || w.log_text().contains("already finished"),
+    );
+    let ev = events(&config, Duration::from_millis(500));
+    let started = ev
+        .iter()
+        .filter(|e| e.run_id == last.run_id && e.kind == RunEventKind::Started)
+        .count();
+    assert_eq!(started, 1, "a redelivery within the retention ran again");
+    w.stop();
+
+    let ledger =
+        tocsin::worker::ledger::Ledger::open(&config.worker.data_dir.join("w1"), 8_000).unwrap();
+    let kept = ledger.len();
+    println!("ledger: {kept} of {} runs kept", all.len());
+    // At most the runs of the last retention (80), and some slack for pruning's interval.
+    assert!(
+        kept > 0 && kept <= 110,
+        "{kept} ledger entries kept of {}",
+        all.len()
+    );
 }

@@ -104,6 +104,9 @@ pub struct PutArgs {
     /// Validate and print the next 5 fire instants; write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run: the fires after this instant (ISO 8601) instead of after now.
+    #[arg(long, requires = "dry_run")]
+    pub from: Option<String>,
 }
 
 pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
@@ -111,12 +114,13 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
     match command {
         JobsCommand::Put(args) => {
             let def = definition_from_args(args)?;
-            let limits = Limits {
-                max_payload_bytes: config.limits.max_payload_bytes,
-            };
+            let limits = Limits::from_config(config);
             let schedule = validate(&def, &limits, now)?;
             if args.dry_run {
-                let mut t = now - 1;
+                let mut t = match &args.from {
+                    Some(from) => parse_instant(from)?,
+                    None => now,
+                } - 1;
                 for _ in 0..5 {
                     let Some(next) = schedule.next_after(t) else {
                         break;
@@ -135,6 +139,7 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&def)?);
         }
         JobsCommand::Delete { id } => {
+            exists(config, id)?;
             send(config, "jobs", id, None).await?;
             println!("deleted {id}");
         }
@@ -147,6 +152,7 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             println!("{} {id}", if paused { "paused" } else { "resumed" });
         }
         JobsCommand::Trigger { id } => {
+            exists(config, id)?;
             let record = ControlRecord::Trigger { requested_ms: now };
             send(
                 config,
@@ -158,10 +164,14 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             println!("triggered {id}");
         }
         JobsCommand::Backfill { id, from, to } => {
-            let record = ControlRecord::Backfill {
-                from_ms: parse_instant(from)?,
-                to_ms: parse_instant(to)?,
-            };
+            let (from_ms, to_ms) = (parse_instant(from)?, parse_instant(to)?);
+            if to_ms < from_ms {
+                bail!(
+                    "backfill range of job {id:?} is reversed: --to {to} is before --from {from}"
+                );
+            }
+            exists(config, id)?;
+            let record = ControlRecord::Backfill { from_ms, to_ms };
             send(
                 config,
                 "control",
@@ -193,22 +203,36 @@ pub async fn put(config: &Config, def: &JobDefinition) -> anyhow::Result<()> {
     .await
 }
 
+/// Fails unless the job has a definition on `jobs`: a request for a job that does not exist
+/// would be written, ignored by the scheduler, and reported as done.
+fn exists(config: &Config, id: &str) -> anyhow::Result<()> {
+    match get(config, id)? {
+        Some(_) => Ok(()),
+        None => bail!("job {id:?} not found on {}", config.topic("jobs")),
+    }
+}
+
+/// How long a CLI write may wait for the broker before it fails.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
 async fn send(
     config: &Config,
     topic: &str,
     key: &str,
     value: Option<Vec<u8>>,
 ) -> anyhow::Result<()> {
-    let producer: FutureProducer = crate::kafka::producer_config(config).create()?;
+    let producer: FutureProducer = crate::kafka::producer_config(config)
+        .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
+        .create()?;
     let topic = config.topic(topic);
     let mut record = FutureRecord::<str, [u8]>::to(&topic).key(key);
     if let Some(v) = &value {
         record = record.payload(v);
     }
     producer
-        .send(record, Duration::from_secs(30))
+        .send(record, SEND_TIMEOUT)
         .await
-        .map_err(|(e, _)| anyhow!("could not write to {topic}: {e}"))?;
+        .map_err(|(e, _)| anyhow!("could not write to {topic} at {}: {e}", config.bootstrap))?;
     Ok(())
 }
 
@@ -289,7 +313,8 @@ pub fn parse_duration_ms(s: &str) -> anyhow::Result<u64> {
         "d" => 86_400_000,
         _ => bail!("invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m, h or d)"),
     };
-    Ok(n * factor)
+    n.checked_mul(factor)
+        .ok_or_else(|| anyhow!("invalid duration {s:?}: over the limit of {} ms", u64::MAX))
 }
 
 fn parse_enum<T: serde::de::DeserializeOwned>(

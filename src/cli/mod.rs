@@ -100,10 +100,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}: ok", file.display());
             Ok(())
         }
-        Command::Topics { command } => topics::run(&cli.load_config()?, command).await,
-        Command::Jobs { command } => jobs::run(&cli.load_config()?, command).await,
-        Command::Scheduler(args) => scheduler::run(cli.load_config()?, args).await,
-        Command::Worker(args) => worker::run(cli.load_config()?, args).await,
-        Command::Dev(args) => dev::run(cli.load_config()?, args).await,
+        Command::Topics { command } => topics::run(&reachable(cli.load_config()?)?, command).await,
+        // A dry run is pure schedule math: it needs no broker.
+        Command::Jobs {
+            command: command @ jobs::JobsCommand::Put(jobs::PutArgs { dry_run: true, .. }),
+        } => jobs::run(&cli.load_config()?, command).await,
+        Command::Jobs { command } => jobs::run(&reachable(cli.load_config()?)?, command).await,
+        Command::Scheduler(args) => scheduler::run(reachable(cli.load_config()?)?, args).await,
+        Command::Worker(args) => worker::run(reachable(cli.load_config()?)?, args).await,
+        Command::Dev(args) => dev::run(reachable(cli.load_config()?)?, args).await,
+    }
+}
+
+/// How long a command waits for the brokers to answer before it gives up.
+const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Fails within `REACH_TIMEOUT`, with one line naming the bootstrap address and the cause,
+/// when no broker answers; librdkafka would otherwise retry for the length of each request's
+/// own timeout (up to 300 s for a produce).
+fn reachable(config: Config) -> anyhow::Result<Config> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = crate::kafka::base_config(&config)
+        .set("client.id", "tocsin-cli-probe")
+        // librdkafka's own log would repeat the cause on every retry.
+        .set("log_level", "0")
+        .create()
+        .with_context(|| format!("invalid Kafka client settings for {}", config.bootstrap))?;
+    match consumer.fetch_metadata(None, REACH_TIMEOUT) {
+        Ok(_) => Ok(config),
+        Err(e) => anyhow::bail!(
+            "cannot reach Kafka at {} within {} s: {e}",
+            config.bootstrap,
+            REACH_TIMEOUT.as_secs()
+        ),
     }
 }

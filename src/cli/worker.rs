@@ -23,10 +23,28 @@ pub struct WorkerArgs {
     pub worker_id: Option<String>,
     #[arg(long, env = "TOCSIN_WORKER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Runs executing at once [default: 1024]
     #[arg(long)]
     pub concurrency: Option<usize>,
+    /// Runs of one tenant executing at once [default: 256]
     #[arg(long)]
     pub per_tenant_concurrency: Option<usize>,
+    /// Enables `exec` runs of this program (an absolute path); repeat for several. Adds to
+    /// `worker.exec.allow` and sets `worker.exec.enabled`.
+    #[arg(long = "allow-exec", value_name = "PATH")]
+    pub allow_exec: Vec<PathBuf>,
+    /// Tenants that may use `exec`, comma-separated (default: every tenant, once exec is
+    /// enabled). Replaces `worker.exec.tenants`.
+    #[arg(long, value_delimiter = ',', value_name = "TENANT")]
+    pub exec_tenants: Option<Vec<String>>,
+    /// A host name, `*.domain`, address or CIDR that `http` runs may call besides public
+    /// addresses (loopback, private and link-local ones are refused unless listed); repeat for
+    /// several. Adds to `worker.http.allow_hosts`.
+    #[arg(long = "allow-http-host", value_name = "HOST")]
+    pub allow_http_host: Vec<String>,
+    /// How long the ledger remembers a finished run, in ms [default: 7 days]
+    #[arg(long)]
+    pub ledger_retention_ms: Option<u64>,
     /// host:port of the HTTP endpoint (/metrics, /healthz, /readyz, /status); empty disables it.
     #[arg(long, env = "TOCSIN_HTTP_LISTEN")]
     pub http_listen: Option<String>,
@@ -54,6 +72,25 @@ impl WorkerArgs {
         }
         if let Some(l) = &self.http_listen {
             config.worker.http_listen = l.clone();
+        }
+        if !self.allow_exec.is_empty() {
+            config.worker.exec.enabled = true;
+            config
+                .worker
+                .exec
+                .allow
+                .extend(self.allow_exec.iter().cloned());
+        }
+        if let Some(t) = &self.exec_tenants {
+            config.worker.exec.tenants = t.clone();
+        }
+        config
+            .worker
+            .http
+            .allow_hosts
+            .extend(self.allow_http_host.iter().cloned());
+        if let Some(r) = self.ledger_retention_ms {
+            config.worker.ledger_retention_ms = r;
         }
     }
 }

@@ -151,6 +151,22 @@ impl Admin {
 
     /// The `cleanup.policy` of each named topic.
     pub async fn cleanup_policies(&self, topics: &[&str]) -> Result<BTreeMap<String, String>> {
+        self.topic_setting(topics, "cleanup.policy").await
+    }
+
+    /// The largest record every named topic accepts: the least of their `max.message.bytes`
+    /// (`None` when no topic is named or none reports it).
+    pub async fn max_message_bytes(&self, topics: &[&str]) -> Result<Option<usize>> {
+        Ok(self
+            .topic_setting(topics, "max.message.bytes")
+            .await?
+            .values()
+            .filter_map(|v| v.parse::<usize>().ok())
+            .min())
+    }
+
+    /// One setting of each named topic, as the broker has it (empty when unset).
+    async fn topic_setting(&self, topics: &[&str], key: &str) -> Result<BTreeMap<String, String>> {
         if topics.is_empty() {
             return Ok(BTreeMap::new());
         }
@@ -164,11 +180,11 @@ impl Admin {
                 topic: topic.to_string(),
                 code,
             })?;
-            let policy = resource
-                .get("cleanup.policy")
+            let value = resource
+                .get(key)
                 .and_then(|e| e.value.clone())
                 .unwrap_or_default();
-            out.insert(topic.to_string(), policy);
+            out.insert(topic.to_string(), value);
         }
         Ok(out)
     }

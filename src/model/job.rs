@@ -81,6 +81,24 @@ impl JobDefinition {
     }
 }
 
+/// A tenant's part of its lane topic's name: letters, digits and `-` as they are, `.` as `_2e`
+/// and `_` as `_5f`. Kafka treats two topic names that differ only in `.` against `_` as
+/// colliding (their metric names would be equal), so `acme.eu` and `acme_eu` must not map to
+/// `lane.acme.eu` and `lane.acme_eu`. The encoding is injective, and its output holds no `.`,
+/// so no two tenants' lanes ever collide. Tenants of letters, digits and `-` keep the name
+/// they always had.
+pub fn tenant_topic_part(tenant: &str) -> String {
+    let mut out = String::with_capacity(tenant.len());
+    for c in tenant.chars() {
+        match c {
+            '.' => out.push_str("_2e"),
+            '_' => out.push_str("_5f"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 pub fn default_catch_up_window_ms() -> u64 {
     3_600_000
 }
@@ -229,6 +247,29 @@ mod payload_serde {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lane_names_never_collide() {
+        // Kafka's collision rule: equal once every `.` is read as `_`.
+        let kafka_form = |t: &str| tenant_topic_part(t).replace('.', "_");
+        let tenants = [
+            "acme.eu",
+            "acme_eu",
+            "acme-eu",
+            "acme_2eeu",
+            "acme_5feu",
+            "a._",
+            "a_.",
+        ];
+        for (i, a) in tenants.iter().enumerate() {
+            for b in &tenants[i + 1..] {
+                assert_ne!(kafka_form(a), kafka_form(b), "{a} and {b}");
+            }
+        }
+        assert_eq!(tenant_topic_part("Acme-2"), "Acme-2");
+        assert_eq!(tenant_topic_part("acme.eu"), "acme_2eeu");
+        assert_eq!(tenant_topic_part("acme_eu"), "acme_5feu");
+    }
 
     #[test]
     fn binary_payloads_survive_json() {

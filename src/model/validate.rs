@@ -6,25 +6,65 @@
 
 use chrono::{DateTime, SecondsFormat};
 
-use crate::model::job::{JobDefinition, ScheduleSpec};
+use crate::codec::{self, Framing};
+use crate::model::job::{tenant_topic_part, HandlerKind, JobDefinition, ScheduleSpec};
+use crate::model::records::{FireReason, PendingFire, Run, TimerState};
 use crate::model::schedule::{Schedule, ScheduleError, ScheduleKind};
 
 /// Job ids are Kafka keys and RocksDB key parts; this bounds both.
 pub const MAX_JOB_ID_BYTES: usize = 255;
 /// Tenants become part of topic names, whose length Kafka caps at 249.
 pub const MAX_TENANT_LEN: usize = 64;
+/// Kafka's limit on a topic name's length.
+pub const MAX_TOPIC_NAME_LEN: usize = 249;
+/// The default payload limit: 900 KiB, so that a job at the limit still fits, with its
+/// definition, headers and progress, in librdkafka's default record limit of 1,000,000 bytes.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 900 * 1024;
+/// librdkafka's default `message.max.bytes`: the largest record our producers send.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1_000_000;
+/// Room kept free in every record a job causes: a run's headers, the last error a `dead`
+/// record carries (workers cap a handler's output at 64 KiB), and the retries and backfill
+/// instants a timer state may come to hold.
+pub const RECORD_HEADROOM_BYTES: usize = 64 * 1024;
+/// The longest run of a job: a week.
+pub const MAX_TIMEOUT_MS: u64 = 7 * 86_400_000;
 
 /// Operator-set limits on definitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// Default 1 MiB, Kafka's default maximum message size.
+    /// Default 900 KiB (`DEFAULT_MAX_PAYLOAD_BYTES`).
     pub max_payload_bytes: usize,
+    /// The largest record any Tocsin topic takes: the smallest of the producers'
+    /// `message.max.bytes` and the topics' `max.message.bytes`, as the broker has them.
+    pub max_record_bytes: usize,
+    /// Tocsin's own topics start with this; no job may write into them, and a tenant's lane
+    /// name (`<prefix>lane.<tenant>`) must fit Kafka's limit.
+    pub topic_prefix: String,
+    /// When set, a `kafka` job may target only topics named `<tenant>.…`.
+    pub tenant_prefixed_targets: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_payload_bytes: 1 << 20,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            topic_prefix: "tocsin.".into(),
+            tenant_prefixed_targets: false,
+        }
+    }
+}
+
+impl Limits {
+    /// The limits a configuration sets, with the default largest record (the scheduler reads
+    /// the broker's and lowers it).
+    pub fn from_config(config: &crate::config::Config) -> Limits {
+        Limits {
+            max_payload_bytes: config.limits.max_payload_bytes,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            topic_prefix: config.topic_prefix.clone(),
+            tenant_prefixed_targets: config.limits.kafka_targets
+                == crate::config::KafkaTargets::TenantPrefix,
         }
     }
 }
@@ -43,8 +83,62 @@ pub enum ValidationError {
          because it becomes part of a topic name"
     )]
     InvalidTenant { job: String, tenant: String },
+    #[error(
+        "tenant {tenant:?} for job {job:?} makes the lane topic {lane:?}, {len} characters, \
+         over Kafka's limit of {MAX_TOPIC_NAME_LEN}"
+    )]
+    LaneNameTooLong {
+        job: String,
+        tenant: String,
+        lane: String,
+        len: usize,
+    },
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    #[error("interval every {every_ms} ms from anchor {anchor_ms} for job {job:?} never fires after {}", iso(.now_ms))]
+    IntervalNeverFires {
+        job: String,
+        every_ms: u64,
+        anchor_ms: i64,
+        now_ms: i64,
+    },
+    #[error(
+        "the {record} of job {job:?} would be {len} bytes, over the limit of {limit} bytes \
+         (the largest record is {max_record_bytes} bytes, less {RECORD_HEADROOM_BYTES} bytes \
+         kept for headers, errors and progress); shrink the payload, labels or headers"
+    )]
+    RecordTooLarge {
+        job: String,
+        record: &'static str,
+        len: usize,
+        limit: usize,
+        max_record_bytes: usize,
+    },
+    #[error(
+        "kafka target {topic:?} for job {job:?} is not a valid topic name: \
+         it must match [A-Za-z0-9._-]{{1,{MAX_TOPIC_NAME_LEN}}} and not be \".\" or \"..\""
+    )]
+    InvalidTargetTopic { job: String, topic: String },
+    #[error(
+        "kafka target {topic:?} for job {job:?} is not a topic of tenant {tenant:?}: this fleet \
+         lets a tenant write only into topics named \"{tenant}.…\" (limits.kafka_targets)"
+    )]
+    OtherTenantsTopic {
+        job: String,
+        tenant: String,
+        topic: String,
+    },
+    #[error(
+        "kafka target {topic:?} for job {job:?} is one of Tocsin's own topics (prefix \
+         {prefix:?}); a job may not write into lanes, jobs, control, runs, dead or timers"
+    )]
+    ReservedTargetTopic {
+        job: String,
+        topic: String,
+        prefix: String,
+    },
+    #[error("timeout {timeout_ms} ms for job {job:?} is outside 1-{MAX_TIMEOUT_MS} ms")]
+    TimeoutOutOfRange { job: String, timeout_ms: u64 },
     #[error("end {} for job {job:?} is not after start {}", iso(.end_ms), iso(.start_ms))]
     EndNotAfterStart {
         job: String,
@@ -123,6 +217,20 @@ pub fn validate(
         });
     }
 
+    let lane = format!(
+        "{}lane.{}",
+        limits.topic_prefix,
+        tenant_topic_part(&def.tenant)
+    );
+    if lane.len() > MAX_TOPIC_NAME_LEN {
+        return Err(ValidationError::LaneNameTooLong {
+            job: job.into(),
+            tenant: def.tenant.clone(),
+            len: lane.len(),
+            lane,
+        });
+    }
+
     let schedule = Schedule::from_job(def)?;
     if let (Some(start_ms), Some(end_ms)) = (def.start_ms, def.end_ms) {
         if end_ms <= start_ms {
@@ -144,16 +252,34 @@ pub fn validate(
             });
         }
     }
-    if let ScheduleKind::Cron { expr, .. } = schedule.kind() {
-        // The bare expression, without the job's bounds: `0 0 0 30 FEB *`, or a year list all in
-        // the past, is a mistake; a job whose end has passed is merely finished.
-        let unbounded = schedule.clone().with_bounds(None, None);
-        if unbounded.next_after(now_ms).is_none() {
-            return Err(ValidationError::CronNeverFires {
-                job: job.into(),
-                expr: expr.as_str().into(),
-                now_ms,
-            });
+    // The bare schedule, without the job's bounds: `0 0 0 30 FEB *`, a year list all in the
+    // past, or an interval whose next instant is past the end of time is a mistake; a job whose
+    // end has passed is merely finished.
+    let unbounded = schedule.clone().with_bounds(None, None);
+    if unbounded.next_after(now_ms).is_none() {
+        match (schedule.kind(), &def.schedule) {
+            (ScheduleKind::Cron { expr, .. }, _) => {
+                return Err(ValidationError::CronNeverFires {
+                    job: job.into(),
+                    expr: expr.as_str().into(),
+                    now_ms,
+                })
+            }
+            (
+                _,
+                ScheduleSpec::Interval {
+                    every_ms,
+                    anchor_ms,
+                },
+            ) => {
+                return Err(ValidationError::IntervalNeverFires {
+                    job: job.into(),
+                    every_ms: *every_ms,
+                    anchor_ms: *anchor_ms,
+                    now_ms,
+                })
+            }
+            _ => {}
         }
     }
 
@@ -163,6 +289,15 @@ pub fn validate(
             job: job.into(),
             len,
             limit: limits.max_payload_bytes,
+        });
+    }
+    if def.handler.kind == HandlerKind::Kafka {
+        check_target_topic(def, limits)?;
+    }
+    if !(1..=MAX_TIMEOUT_MS).contains(&def.timeout_ms) {
+        return Err(ValidationError::TimeoutOutOfRange {
+            job: job.into(),
+            timeout_ms: def.timeout_ms,
         });
     }
     if def.retry.max_attempts == 0 {
@@ -175,7 +310,101 @@ pub fn validate(
             cap_ms: def.retry.backoff_cap_ms,
         });
     }
+    check_record_sizes(def, limits)?;
     Ok(schedule)
+}
+
+fn check_target_topic(def: &JobDefinition, limits: &Limits) -> Result<(), ValidationError> {
+    let topic = def.handler.target.as_str();
+    let legal = (1..=MAX_TOPIC_NAME_LEN).contains(&topic.len())
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !legal {
+        return Err(ValidationError::InvalidTargetTopic {
+            job: def.id.clone(),
+            topic: topic.into(),
+        });
+    }
+    // Kafka reads `.` and `_` as one character when it checks for colliding names, so the
+    // prefix is compared in that form too: `tocsin_lane.x` would shadow `tocsin.lane.x`.
+    let kafka_form = |t: &str| t.replace('.', "_");
+    if !limits.topic_prefix.is_empty()
+        && kafka_form(topic).starts_with(&kafka_form(&limits.topic_prefix))
+    {
+        return Err(ValidationError::ReservedTargetTopic {
+            job: def.id.clone(),
+            topic: topic.into(),
+            prefix: limits.topic_prefix.clone(),
+        });
+    }
+    if limits.tenant_prefixed_targets && !topic.starts_with(&format!("{}.", def.tenant)) {
+        return Err(ValidationError::OtherTenantsTopic {
+            job: def.id.clone(),
+            tenant: def.tenant.clone(),
+            topic: topic.into(),
+        });
+    }
+    Ok(())
+}
+
+/// Every record a job causes must fit the largest record Kafka takes, or the transaction that
+/// carries it fails, and with it every other job's runs in that transaction. The sizes are
+/// those of the encodings the scheduler writes, with a run and a timer state at their
+/// biggest but for what `RECORD_HEADROOM_BYTES` keeps room for.
+fn check_record_sizes(def: &JobDefinition, limits: &Limits) -> Result<(), ValidationError> {
+    let limit = limits
+        .max_record_bytes
+        .saturating_sub(RECORD_HEADROOM_BYTES);
+    let key = def.id.len();
+    let definition = key + codec::encode(def, &Framing::SingleObject).len();
+    let timer = TimerState {
+        definition: def.clone(),
+        next_fire_ms: Some(i64::MAX),
+        fires: u64::MAX,
+        last_scheduled_ms: Some(i64::MAX),
+        in_flight: None,
+        buffered_ms: Some(i64::MAX),
+        pending: vec![PendingFire {
+            scheduled_ms: i64::MAX,
+            attempt: u32::MAX,
+            reason: FireReason::Retry,
+            not_before_ms: i64::MAX,
+        }],
+    };
+    let timer = key + codec::encode(&timer, &Framing::SingleObject).len();
+    let run = Run {
+        run_id: "0".repeat(32),
+        job_id: def.id.clone(),
+        tenant: def.tenant.clone(),
+        scheduled_ms: i64::MAX,
+        fire_ms: i64::MAX,
+        attempt: u32::MAX,
+        reason: FireReason::CatchUp,
+        handler: def.handler.clone(),
+        timeout_ms: def.timeout_ms,
+        retry: def.retry,
+        labels: def.labels.clone(),
+    };
+    let run = key + codec::encode(&run, &Framing::SingleObject).len();
+    for (record, len) in [
+        ("definition", definition),
+        ("timer state", timer),
+        ("run", run),
+    ] {
+        if len > limit {
+            return Err(ValidationError::RecordTooLarge {
+                job: def.id.clone(),
+                record,
+                len,
+                limit,
+                max_record_bytes: limits.max_record_bytes,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -236,7 +465,7 @@ mod tests {
             schedule.next_after(NOW),
             Some(NOW - NOW % 300_000 + 300_000)
         );
-        assert_eq!(Limits::default().max_payload_bytes, 1_048_576);
+        assert_eq!(Limits::default().max_payload_bytes, 921_600);
     }
 
     #[test]
@@ -341,6 +570,7 @@ mod tests {
     fn payload_limit() {
         let limits = Limits {
             max_payload_bytes: 4,
+            ..Limits::default()
         };
         let mut def = job();
         def.handler.payload = b"1234".to_vec();
@@ -416,5 +646,156 @@ mod tests {
         def.retry.backoff_cap_ms = 5_000;
         def.retry.max_attempts = 1;
         assert!(check(&def).is_ok());
+    }
+
+    #[test]
+    fn a_payload_at_the_default_limit_fits_every_record() {
+        let mut def = job();
+        def.id = "i".repeat(MAX_JOB_ID_BYTES);
+        def.handler.payload = vec![b'x'; DEFAULT_MAX_PAYLOAD_BYTES];
+        assert!(check(&def).is_ok());
+    }
+
+    #[test]
+    fn records_over_the_brokers_limit_are_refused() {
+        // What librdkafka refuses with MessageSizeTooLarge must never reach a transaction.
+        let limits = Limits {
+            max_payload_bytes: usize::MAX,
+            ..Limits::default()
+        };
+        let mut def = job();
+        def.handler.payload = vec![b'x'; 1 << 20];
+        let got = validate(&def, &limits, NOW).unwrap_err().to_string();
+        assert!(
+            got.starts_with("the definition of job \"billing-7\" would be 10"),
+            "{got}"
+        );
+        assert!(got.contains("over the limit of 934464 bytes"), "{got}");
+        // Labels count as much as the payload.
+        let mut def = job();
+        def.labels.insert("big".into(), "v".repeat(950_000));
+        assert!(matches!(
+            validate(&def, &limits, NOW),
+            Err(ValidationError::RecordTooLarge { .. })
+        ));
+        // A broker whose topics take less lowers the limit.
+        let small = Limits {
+            max_record_bytes: 200_000,
+            ..Limits::default()
+        };
+        let mut def = job();
+        def.handler.payload = vec![b'x'; 150_000];
+        assert!(matches!(
+            validate(&def, &small, NOW),
+            Err(ValidationError::RecordTooLarge { limit: 134_464, .. })
+        ));
+    }
+
+    #[test]
+    fn kafka_targets_must_be_topics_outside_tocsins_own() {
+        for reserved in [
+            "tocsin.lane.alice",
+            "tocsin.jobs",
+            "tocsin_lane.alice",
+            "tocsin.runs",
+        ] {
+            assert_eq!(
+                message(|d| d.handler.target = reserved.into()),
+                format!(
+                    "kafka target {reserved:?} for job \"billing-7\" is one of Tocsin's own \
+                     topics (prefix \"tocsin.\"); a job may not write into lanes, jobs, \
+                     control, runs, dead or timers"
+                )
+            );
+        }
+        for bad in ["", ".", "..", "has space", "a/b", &"t".repeat(250)] {
+            assert!(
+                message(|d| d.handler.target = bad.to_string()).contains("is not a valid topic"),
+                "{bad:?}"
+            );
+        }
+        for good in ["billing", "tocsinx", "alice.orders_v2-eu"] {
+            let mut def = job();
+            def.handler.target = good.into();
+            assert!(check(&def).is_ok(), "{good}");
+        }
+        let tenant_only = Limits {
+            tenant_prefixed_targets: true,
+            ..Limits::default()
+        };
+        let mut def = job();
+        def.handler.target = "acme.orders".into();
+        assert!(validate(&def, &tenant_only, NOW).is_ok());
+        def.handler.target = "mallory.orders".into();
+        assert_eq!(
+            validate(&def, &tenant_only, NOW).unwrap_err().to_string(),
+            "kafka target \"mallory.orders\" for job \"billing-7\" is not a topic of tenant \
+             \"acme\": this fleet lets a tenant write only into topics named \"acme.…\" \
+             (limits.kafka_targets)"
+        );
+        // Other handlers' targets are URLs and programs, not topics.
+        let mut def = job();
+        def.handler.kind = HandlerKind::Http;
+        def.handler.target = "https://example.com/tocsin.jobs".into();
+        assert!(check(&def).is_ok());
+    }
+
+    #[test]
+    fn lane_names_must_fit_kafka() {
+        let mut def = job();
+        def.tenant = "_".repeat(MAX_TENANT_LEN);
+        let limits = Limits {
+            topic_prefix: "p".repeat(60),
+            ..Limits::default()
+        };
+        let got = validate(&def, &limits, NOW).unwrap_err().to_string();
+        assert!(
+            got.contains("257 characters, over Kafka's limit of 249"),
+            "{got}"
+        );
+        assert!(validate(&def, &Limits::default(), NOW).is_ok());
+    }
+
+    #[test]
+    fn schedules_that_can_never_fire_are_refused() {
+        assert_eq!(
+            message(|d| {
+                d.schedule = ScheduleSpec::Interval {
+                    every_ms: u64::MAX,
+                    anchor_ms: 0,
+                }
+            }),
+            format!(
+                "interval every {} ms from anchor 0 for job \"billing-7\" never fires after \
+                 2025-06-15T15:06:40Z",
+                u64::MAX
+            )
+        );
+        // Past the time-zone data's horizon.
+        assert!(message(|d| {
+            d.schedule = ScheduleSpec::Cron {
+                expr: "0 0 12 1 7 * 2150".into(),
+                zone: "America/New_York".into(),
+            }
+        })
+        .contains("year 2150 out of range 1970-2099"));
+        // Fires only inside a gap that `skip` drops: never, up to the horizon.
+        assert!(message(|d| {
+            d.schedule = ScheduleSpec::Cron {
+                expr: "0 30 2 29 3 * 2026".into(),
+                zone: "Europe/Berlin".into(),
+            };
+            d.dst_gap = DstGapPolicy::Skip;
+        })
+        .contains("never fires"));
+    }
+
+    #[test]
+    fn timeouts_are_bounded() {
+        assert_eq!(
+            message(|d| d.timeout_ms = 0),
+            "timeout 0 ms for job \"billing-7\" is outside 1-604800000 ms"
+        );
+        assert!(message(|d| d.timeout_ms = u64::MAX).contains("outside 1-604800000"));
     }
 }

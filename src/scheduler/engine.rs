@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -22,7 +22,7 @@ use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::{NodeStatus, NowFn, SchedulerError};
 use crate::codec::{self, Framing};
 use crate::config::Config;
-use crate::kafka::admin::{lane_topic, Admin};
+use crate::kafka::admin::{lane_topic, Admin, AdminError};
 use crate::model::job::JobDefinition;
 use crate::model::records::{run_id, ControlRecord, Run, RunEvent, RunEventKind, TimerState};
 use crate::model::schedule::Schedule;
@@ -48,6 +48,12 @@ const SCHEDULE_CACHE: usize = 100_000;
 /// than this is taken in slices, and a small tenant's runs in a later slice wait for it. At
 /// about 100 bytes an entry, a million is 100 MB for the moment of a herd that size.
 const SCAN_LIMIT: usize = 1_000_000;
+/// Transactions a job's records may fail, refused by the broker for what they are, before the
+/// job is set aside in `jobs.rejected`. Two, so one odd refusal is retried.
+const QUARANTINE_AFTER: u32 = 2;
+/// What a copy in `jobs.rejected` may take of the largest record: the rest is kept for the
+/// reason and the headers. An original too large for it is named, not copied.
+const REJECT_HEADROOM_BYTES: usize = 16 * 1024;
 
 /// One rebalance: assigned (true) or revoked, and the (topic, partition) pairs.
 type RebalanceEvent = (bool, Vec<(String, i32)>);
@@ -83,12 +89,14 @@ fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
         .collect()
 }
 
-/// Offsets of `timers` records as the broker acknowledged them, for checkpoints.
+/// Offsets of `timers` records as the broker acknowledged them, for checkpoints; and the keys
+/// of records the broker refused for what they are, so the job behind them can be set aside.
 #[derive(Default)]
 struct DeliveryContext {
     timers_topic: String,
     delivered: Mutex<HashMap<i32, i64>>,
     failed: Mutex<Option<String>>,
+    refused: Mutex<Vec<(String, String)>>,
 }
 
 impl ClientContext for DeliveryContext {}
@@ -105,8 +113,14 @@ impl ProducerContext for DeliveryContext {
             }
             Ok(_) => {}
             Err((e, m)) => {
-                *self.failed.lock().unwrap() =
-                    Some(format!("delivery to {} failed: {e}", m.topic()));
+                let reason = format!("delivery to {} failed: {e}", m.topic());
+                if refuses_record(e) {
+                    if let Some(key) = m.key() {
+                        let key = String::from_utf8_lossy(key).into_owned();
+                        self.refused.lock().unwrap().push((key, reason.clone()));
+                    }
+                }
+                *self.failed.lock().unwrap() = Some(reason);
             }
         }
     }
@@ -155,6 +169,11 @@ pub struct Engine {
     limits: Limits,
     /// Previous owners fenced, and when.
     fenced: HashMap<String, Instant>,
+    /// Jobs (by key) whose records the broker refused, with the reason and how often: at
+    /// `QUARANTINE_AFTER` the job is set aside (`quarantine_record`, `quarantine_timer`).
+    suspects: HashMap<String, (u32, String)>,
+    /// The producer was recreated and its `init_transactions` has not succeeded yet.
+    producer_uninitialised: bool,
 }
 
 /// Changes of one transaction, applied to RocksDB only after it commits.
@@ -215,9 +234,7 @@ impl Engine {
         let restorer: BaseConsumer = rc.create()?;
 
         let admin = Admin::new(&config)?;
-        let limits = Limits {
-            max_payload_bytes: config.limits.max_payload_bytes,
-        };
+        let limits = record_limits(&config, &admin, &runtime, &topics);
         Ok(Engine {
             config,
             node_id,
@@ -237,6 +254,8 @@ impl Engine {
             assignments: 0,
             limits,
             fenced: HashMap::new(),
+            suspects: HashMap::new(),
+            producer_uninitialised: false,
         })
     }
 
@@ -252,9 +271,20 @@ impl Engine {
         while !shutdown.is_cancelled() {
             let step = self.step(&mut next_tick, tick);
             match step {
-                Ok(()) => backoff = Duration::from_millis(100),
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    self.status.failing_since_ms.store(0, Ordering::Relaxed);
+                }
                 Err(e) => {
                     self.status.ready.store(false, Ordering::Relaxed);
+                    let now = (self.now)();
+                    let _ = self.status.failing_since_ms.compare_exchange(
+                        0,
+                        now,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    *self.status.last_error.lock().unwrap() = Some((now, e.to_string()));
                     warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "scheduler step failed; retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -298,6 +328,11 @@ impl Engine {
     }
 
     fn step(&mut self, next_tick: &mut i64, tick: i64) -> Result<()> {
+        if self.producer_uninitialised {
+            self.producer.init_transactions(TXN_TIMEOUT)?;
+            self.producer_uninitialised = false;
+            info!("producer initialised");
+        }
         let now = (self.now)();
         let wait = (*next_tick - now).clamp(0, 50) as u64;
         let batch = self.poll_group(Duration::from_millis(wait))?;
@@ -549,7 +584,10 @@ impl Engine {
                 Ok(p) => {
                     self.producer = p;
                     if let Err(e) = self.producer.init_transactions(TXN_TIMEOUT) {
-                        error!(error = %e, "could not initialise the new producer");
+                        // Retried at the start of every step until it succeeds (a broker
+                        // still down makes it time out; calling it again resumes it).
+                        warn!(error = %e, "could not initialise the new producer; retrying");
+                        self.producer_uninitialised = true;
                     }
                 }
                 Err(e) => error!(error = %e, "could not recreate the producer"),
@@ -565,7 +603,7 @@ impl Engine {
             if is_fatal(k) {
                 warn!("producer in a fatal state; recreating it");
                 self.producer = new_producer(&self.config, &self.node_id, &self.topics.timers)?;
-                self.producer.init_transactions(TXN_TIMEOUT)?;
+                self.producer_uninitialised = true;
             }
         }
         Ok(())
@@ -834,6 +872,17 @@ impl Engine {
                 Ok(())
             }
             Err(e) => {
+                let refused = std::mem::take(&mut *self.producer.context().refused.lock().unwrap());
+                for (job, reason) in refused {
+                    let entry = self
+                        .suspects
+                        .entry(job.clone())
+                        .or_insert((0, String::new()));
+                    entry.0 += 1;
+                    entry.1 = reason;
+                    warn!(job = %job, failures = entry.0, reason = %entry.1,
+                        "the broker refused a record of this job");
+                }
                 self.abort();
                 // The consumed records will be read again.
                 for (topic, p) in txn.positions.keys() {
@@ -891,10 +940,22 @@ impl Engine {
         for m in records {
             txn.positions
                 .insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
-            if m.topic() == self.topics.jobs {
-                self.ingest(txn, m, now)?;
-            } else {
-                self.control(txn, m, now)?;
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            if let Some(reason) = self.set_aside(&key) {
+                self.quarantine_record(m, reason)?;
+                continue;
+            }
+            let result = guarded(|| {
+                if m.topic() == self.topics.jobs {
+                    self.ingest(txn, m, now)
+                } else {
+                    self.control(txn, m, now)
+                }
+            });
+            match result {
+                Ok(()) => {}
+                Err(Fault::Record(reason)) => self.quarantine_record(m, reason)?,
+                Err(Fault::Step(e)) => return Err(e),
             }
         }
         let limits = FireLimits {
@@ -906,34 +967,98 @@ impl Engine {
             if !matches!(self.parts.get(&p), Some(Phase::Active)) {
                 continue;
             }
-            let Some(mut state) = self.load(txn, p, &e.job)? else {
-                // A stale index entry (the job was deleted): drop it.
-                txn.batch
-                    .delete_timer(&self.store, e.partition, &e.job, Some(e.wake_ms));
+            if let Some(reason) = self.set_aside(&e.job) {
+                self.quarantine_timer(txn, p, &e.job, reason)?;
                 continue;
-            };
-            let old_wake = fire::wake_at(&state);
-            if old_wake != Some(e.wake_ms) {
-                continue; // changed earlier in this transaction; the index follows the state
             }
-            let Some(schedule) = self.schedule(&state.definition) else {
-                continue;
-            };
-            let fired = fire::fire_due(&mut state, &schedule, now, limits);
-            for d in &fired.runs {
-                self.produce_run(&state, d, p, now)?;
+            match guarded(|| self.fire_entry(txn, e, now, limits)) {
+                Ok(()) => {}
+                Err(Fault::Record(reason)) => self.quarantine_timer(txn, p, &e.job, reason)?,
+                Err(Fault::Step(e)) => return Err(e),
             }
-            for s in &fired.skipped {
-                let event = run_event(&state, *s, 1, RunEventKind::Skipped, now, &self.node_id);
-                self.produce_event(&event)?;
-            }
-            if fired.missed > 0 {
-                metrics::counter!("tocsin_instants_missed_total").increment(fired.missed);
-            }
-            txn.runs += fired.runs.len() as u64;
-            txn.fired_partitions.insert(p);
-            self.save(txn, p, state, old_wake)?;
         }
+        Ok(())
+    }
+
+    /// Fires one due entry: its runs, skipped events and new timer state.
+    fn fire_entry(
+        &mut self,
+        txn: &mut Txn,
+        e: &DueEntry,
+        now: i64,
+        limits: FireLimits,
+    ) -> Result<()> {
+        let p = e.partition as i32;
+        let Some(mut state) = self.load(txn, p, &e.job)? else {
+            // A stale index entry (the job was deleted): drop it.
+            txn.batch
+                .delete_timer(&self.store, e.partition, &e.job, Some(e.wake_ms));
+            return Ok(());
+        };
+        let old_wake = fire::wake_at(&state);
+        if old_wake != Some(e.wake_ms) {
+            return Ok(()); // changed earlier in this transaction; the index follows the state
+        }
+        let Some(schedule) = self.schedule(&state.definition) else {
+            return Ok(());
+        };
+        let fired = fire::fire_due(&mut state, &schedule, now, limits);
+        for d in &fired.runs {
+            self.produce_run(&state, d, p, now)?;
+        }
+        for s in &fired.skipped {
+            let event = run_event(&state, *s, 1, RunEventKind::Skipped, now, &self.node_id);
+            self.produce_event(&event)?;
+        }
+        if fired.missed > 0 {
+            metrics::counter!("tocsin_instants_missed_total").increment(fired.missed);
+        }
+        txn.runs += fired.runs.len() as u64;
+        txn.fired_partitions.insert(p);
+        self.save(txn, p, state, old_wake)
+    }
+
+    /// The reason to set a job aside, once the broker refused its records `QUARANTINE_AFTER`
+    /// times.
+    fn set_aside(&mut self, job: &str) -> Option<String> {
+        match self.suspects.get(job) {
+            Some((n, _)) if *n >= QUARANTINE_AFTER => self.suspects.remove(job).map(|(_, r)| r),
+            _ => None,
+        }
+    }
+
+    /// The last line of defence for an input record whose processing failed for what it is:
+    /// it goes to `jobs.rejected` with the error, and the partition goes on without it.
+    fn quarantine_record(&mut self, m: &OwnedMessage, reason: String) -> Result<()> {
+        let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+        self.schedules.remove(&job);
+        metrics::counter!("tocsin_records_quarantined_total").increment(1);
+        self.reject(m, format!("processing failed: {reason}"))
+    }
+
+    /// The last line of defence for a stored job that cannot be fired (its lane cannot be
+    /// created, or its records are refused): its definition goes to `jobs.rejected` with the
+    /// error, and its timer is deleted, so the partition fires on without it. Runs of it that
+    /// this transaction already holds still commit; none is fired twice.
+    fn quarantine_timer(&mut self, txn: &mut Txn, p: i32, job: &str, reason: String) -> Result<()> {
+        let state = self.load(txn, p, job)?;
+        let old_wake = state.as_ref().and_then(fire::wake_at);
+        error!(job = %job, partition = p, reason = %reason,
+            "job cannot be fired; its timer is deleted and its definition is in jobs.rejected");
+        metrics::counter!("tocsin_records_quarantined_total").increment(1);
+        let reason = format!("job removed from the schedule: firing failed: {reason}");
+        let source = format!("{}/{}", self.topics.timers, p);
+        let definition = state
+            .as_ref()
+            .map(|s| codec::encode(&s.definition, &Framing::SingleObject));
+        self.produce_rejected(job.as_bytes(), definition.as_deref(), &reason, &source)?;
+        let record = BaseRecord::<[u8], [u8]>::to(&self.topics.timers)
+            .partition(p)
+            .key(job.as_bytes());
+        self.producer.send(record).map_err(|(e, _)| e)?;
+        txn.batch.delete_timer(&self.store, p as u16, job, old_wake);
+        txn.overlay.insert((p, job.to_owned()), None);
+        self.schedules.remove(job);
         Ok(())
     }
 
@@ -1084,22 +1209,57 @@ impl Engine {
     fn reject(&mut self, m: &OwnedMessage, reason: String) -> Result<()> {
         warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), reason = %reason,
             "rejected input record");
+        let source = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
+        self.produce_rejected(m.key().unwrap_or_default(), m.payload(), &reason, &source)
+    }
+
+    /// One record on `jobs.rejected`: the original key and bytes, the reason and where they
+    /// came from. An original too large to copy (a 5 MiB record on a `jobs` topic that takes
+    /// it) is not copied, and the headers say so: the copy must never be what fails.
+    fn produce_rejected(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        reason: &str,
+        source: &str,
+    ) -> Result<()> {
         metrics::counter!("tocsin_records_rejected_total").increment(1);
+        let room = self
+            .limits
+            .max_record_bytes
+            .saturating_sub(REJECT_HEADROOM_BYTES);
+        let original = key.len() + value.map_or(0, <[u8]>::len);
+        let fits = original <= room;
+        let reason = if fits {
+            truncate(reason, REJECT_HEADROOM_BYTES / 2)
+        } else {
+            truncate(
+                &format!(
+                    "{reason} (the original, {original} bytes, is over the {room} bytes a copy \
+                     may take and is not copied; it is at {source})"
+                ),
+                REJECT_HEADROOM_BYTES / 2,
+            )
+        };
+        let size = original.to_string();
         let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "tocsin-reason",
-                value: Some(reason.as_bytes()),
-            })
-            .insert(Header {
-                key: "tocsin-source",
-                value: Some(format!("{}/{}/{}", m.topic(), m.partition(), m.offset()).as_bytes()),
-            });
+            .insert(h("tocsin-reason", reason.as_bytes()))
+            .insert(h("tocsin-source", source.as_bytes()))
+            .insert(h("tocsin-original-bytes", size.as_bytes()))
+            .insert(h(
+                "tocsin-copied",
+                if fits { b"true" as &[u8] } else { b"false" },
+            ));
         let mut record = BaseRecord::<[u8], [u8]>::to(&self.topics.rejected).headers(headers);
-        if let Some(k) = m.key() {
-            record = record.key(k);
-        }
-        if let Some(v) = m.payload() {
-            record = record.payload(v);
+        if fits {
+            if !key.is_empty() {
+                record = record.key(key);
+            }
+            if let Some(v) = value {
+                record = record.payload(v);
+            }
+        } else if key.len() <= MAX_REJECTED_KEY_BYTES {
+            record = record.key(key);
         }
         self.producer.send(record).map_err(|(e, _)| e)?;
         Ok(())
@@ -1172,6 +1332,83 @@ impl Engine {
     }
 }
 
+/// Keys longer than this are not copied into a `jobs.rejected` record that cannot copy the
+/// original (job ids are at most 255 bytes; a longer key is not a job's).
+const MAX_REJECTED_KEY_BYTES: usize = 1024;
+
+/// The text's first `max` bytes, cut at a character boundary.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// How one item of a transaction (an input record, a due entry) failed.
+enum Fault {
+    /// Because of what the item is: it is set aside and the transaction goes on.
+    Record(String),
+    /// For a reason of the node or the broker: the whole step is retried.
+    Step(SchedulerError),
+}
+
+/// Runs one item's processing, telling the errors that belong to the item (a record the
+/// broker or librdkafka refuses for its size or topic, a lane that cannot be created, a
+/// panic in schedule code) from those that belong to the node.
+fn guarded(f: impl FnOnce() -> Result<()>) -> std::result::Result<(), Fault> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if is_record_fault(&e) => Err(Fault::Record(e.to_string())),
+        Ok(Err(e)) => Err(Fault::Step(e)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Fault::Record(format!("internal error (panic): {what}")))
+        }
+    }
+}
+
+/// Errors caused by the record itself: retrying cannot help, and every other job in the
+/// transaction would fail with it.
+fn is_record_fault(e: &SchedulerError) -> bool {
+    match e {
+        SchedulerError::Kafka(KafkaError::MessageProduction(code)) => refuses_code(*code),
+        SchedulerError::Admin(AdminError::Create { code, .. }) => matches!(
+            code,
+            RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::PolicyViolation
+                | RDKafkaErrorCode::InvalidConfig
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+        ),
+        _ => false,
+    }
+}
+
+/// A delivery the broker refused for what the record is (its size or its topic).
+fn refuses_record(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::MessageProduction(code) if refuses_code(*code))
+}
+
+fn refuses_code(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+    )
+}
+
 fn h<'a>(key: &'a str, value: &'a [u8]) -> Header<'a, &'a [u8]> {
     Header {
         key,
@@ -1233,6 +1470,41 @@ fn fence_owner(config: &Config, me: &str, owner: &str) {
 }
 
 /// Stable per node: a restarted node fences its previous incarnation.
+/// The limits validation holds jobs to. The largest record is the least of what our producers
+/// send (librdkafka's `message.max.bytes`, unless the `[kafka]` table sets it) and what the
+/// topics a job's records go to accept, read from the broker: a job whose timer state or run
+/// would not fit is rejected at ingest instead of failing every transaction that carries it.
+/// Lanes are created later with the broker's default, which `runs` (created with it too)
+/// stands in for.
+fn record_limits(
+    config: &Config,
+    admin: &Admin,
+    runtime: &tokio::runtime::Handle,
+    topics: &Topics,
+) -> Limits {
+    let producer_max = config
+        .kafka
+        .get("message.max.bytes")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(crate::model::validate::DEFAULT_MAX_RECORD_BYTES);
+    let names = [
+        topics.jobs.as_str(),
+        topics.timers.as_str(),
+        topics.runs.as_str(),
+    ];
+    let topic_max = match runtime.block_on(admin.max_message_bytes(&names)) {
+        Ok(max) => max,
+        Err(e) => {
+            warn!(error = %e, "could not read the topics' max.message.bytes; using the producer's limit");
+            None
+        }
+    };
+    Limits {
+        max_record_bytes: topic_max.map_or(producer_max, |t| t.min(producer_max)),
+        ..Limits::from_config(config)
+    }
+}
+
 fn transactional_id(config: &Config, node_id: &str) -> String {
     format!("{}scheduler.{}", config.topic_prefix, node_id)
 }

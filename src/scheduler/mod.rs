@@ -12,8 +12,8 @@ pub mod fire;
 pub mod store;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
@@ -61,7 +61,18 @@ pub struct NodeStatus {
     pub owned: AtomicUsize,
     pub active: AtomicUsize,
     pub fires: AtomicU64,
+    /// When the steps started failing without a success since (ms since the epoch), or 0 while
+    /// the last step succeeded. `/healthz` fails once this is older than `STALL_LIMIT_MS`.
+    pub failing_since_ms: AtomicI64,
+    /// The last step's error and when it happened, for `/status` and `/readyz`.
+    pub last_error: Mutex<Option<(i64, String)>>,
 }
+
+/// A node whose every step has failed for this long cannot make progress on its own (a
+/// producer wedged after a broker outage, a store that cannot write): `/healthz` fails so an
+/// orchestrator restarts it. Longer than a broker restart takes, so a restart alone does not
+/// cost the node its state.
+pub const STALL_LIMIT_MS: i64 = 120_000;
 
 /// Runs a scheduler node until `shutdown` is cancelled.
 pub async fn run(

@@ -11,6 +11,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::policy::{self, Policy};
 use crate::model::job::HandlerKind;
 use crate::model::records::Run;
 
@@ -33,30 +34,54 @@ pub trait Handler: Send + Sync {
     fn call<'a>(&'a self, run: &'a Run) -> BoxFuture<'a, HandlerResult>;
 }
 
-/// The built-in handlers plus the registered ones.
+/// The built-in handlers plus the registered ones, under the worker's [`Policy`].
 pub struct Handlers {
     producer: FutureProducer,
+    /// One client for every run: connections to a target are pooled and reused.
     http: reqwest::Client,
     custom: HashMap<String, Arc<dyn Handler>>,
+    policy: Arc<Policy>,
     /// Most bytes of a command's output kept.
     pub output_limit: usize,
 }
 
 impl Handlers {
-    pub fn new(producer: FutureProducer, custom: HashMap<String, Arc<dyn Handler>>) -> Handlers {
+    pub fn new(
+        producer: FutureProducer,
+        custom: HashMap<String, Arc<dyn Handler>>,
+        policy: Policy,
+    ) -> Handlers {
+        let policy = Arc::new(policy);
+        let http = reqwest::Client::builder()
+            .dns_resolver(Arc::new(policy::GuardedResolver(policy.clone())))
+            .redirect(policy::redirect_policy(policy.clone()))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .expect("an HTTP client without TLS settings builds");
         Handlers {
             producer,
-            http: reqwest::Client::new(),
+            http,
             custom,
+            policy,
             output_limit: 64 * 1024,
         }
     }
 
     pub async fn call(&self, run: &Run) -> HandlerResult {
+        let refused = |error| HandlerResult::Failed {
+            error,
+            retry: false,
+        };
         match run.handler.kind {
-            HandlerKind::Kafka => self.kafka(run).await,
+            HandlerKind::Kafka => match self.policy.kafka(run) {
+                Ok(()) => self.kafka(run).await,
+                Err(e) => refused(e),
+            },
             HandlerKind::Http => self.http(run).await,
-            HandlerKind::Exec => exec(run, self.output_limit).await,
+            HandlerKind::Exec => match self.policy.exec(run) {
+                Ok(program) => exec(run, &program, self.output_limit).await,
+                Err(e) => refused(e),
+            },
             HandlerKind::Custom => match self.custom.get(&run.handler.target) {
                 Some(h) => h.call(run).await,
                 None => HandlerResult::Failed {
@@ -107,9 +132,24 @@ impl Handlers {
                 retry: false,
             };
         };
+        let url = match reqwest::Url::parse(&run.handler.target) {
+            Ok(u) => u,
+            Err(e) => {
+                return HandlerResult::Failed {
+                    error: format!("invalid http target {:?}: {e}", run.handler.target),
+                    retry: false,
+                }
+            }
+        };
+        if let Err(error) = self.policy.http(run, &url).await {
+            return HandlerResult::Failed {
+                error,
+                retry: false,
+            };
+        }
         let mut req = self
             .http
-            .request(method, &run.handler.target)
+            .request(method, url)
             .timeout(Duration::from_millis(run.timeout_ms))
             .header("Idempotency-Key", &run.run_id)
             .body(run.handler.payload.clone());
@@ -146,11 +186,12 @@ impl Handlers {
     }
 }
 
-/// Runs a command: argv from the handler, the run described in the environment, the payload on
-/// stdin, output kept up to `limit` bytes (the rest is read and dropped, never fatal). The
-/// caller's timeout drops this future, which kills the child.
-pub async fn exec(run: &Run, limit: usize) -> HandlerResult {
-    let mut cmd = tokio::process::Command::new(&run.handler.target);
+/// Runs `program` (the run's target as the policy resolved it): argv from the handler, the run
+/// described in the environment, the payload on stdin, output kept up to `limit` bytes (the
+/// rest is read and dropped, never fatal). The caller's timeout drops this future, which kills
+/// the child.
+pub async fn exec(run: &Run, program: &std::path::Path, limit: usize) -> HandlerResult {
+    let mut cmd = tokio::process::Command::new(program);
     cmd.args(&run.handler.args)
         .env("TOCSIN_RUN_ID", &run.run_id)
         .env("TOCSIN_JOB_ID", &run.job_id)
@@ -258,9 +299,13 @@ mod tests {
         }
     }
 
+    async fn exec_sh(r: &Run, limit: usize) -> HandlerResult {
+        exec(r, std::path::Path::new("/bin/sh"), limit).await
+    }
+
     #[tokio::test]
     async fn exec_output_over_the_limit_is_truncated_not_fatal() {
-        let r = exec(&run("head -c 1000000 /dev/zero | tr '\\0' a"), 1_000).await;
+        let r = exec_sh(&run("head -c 1000000 /dev/zero | tr '\\0' a"), 1_000).await;
         let HandlerResult::Succeeded { output } = r else {
             panic!("{r:?}")
         };
@@ -275,7 +320,7 @@ mod tests {
 
     #[tokio::test]
     async fn exec_sees_the_run_in_its_environment_and_the_payload_on_stdin() {
-        let r = exec(
+        let r = exec_sh(
             &run("echo $TOCSIN_RUN_ID $TOCSIN_JOB_ID $TOCSIN_SCHEDULED_MS $TOCSIN_ATTEMPT; cat"),
             1_000,
         )
@@ -290,7 +335,7 @@ mod tests {
 
     #[tokio::test]
     async fn exec_failure_is_retryable_and_names_the_exit_status() {
-        let r = exec(&run("echo broken >&2; exit 3"), 1_000).await;
+        let r = exec_sh(&run("echo broken >&2; exit 3"), 1_000).await;
         let HandlerResult::Failed { error, retry } = r else {
             panic!("{r:?}")
         };
@@ -305,7 +350,9 @@ mod tests {
     async fn a_missing_program_fails_without_retry() {
         let mut r = run("");
         r.handler.target = "/nonexistent/tocsin-test-program".into();
-        let HandlerResult::Failed { error, retry } = exec(&r, 1_000).await else {
+        let HandlerResult::Failed { error, retry } =
+            exec(&r, std::path::Path::new(&r.handler.target), 1_000).await
+        else {
             panic!()
         };
         assert!(!retry);

@@ -1,6 +1,6 @@
 //! Workers: consume the tenant lanes (`read_committed`), execute runs with bounded concurrency
 //! overall and per tenant, report every transition on `runs`, ask the scheduler for retries on
-//! `control`, and send runs out of attempts to `dead`.
+//! `control`, and send runs out of attempts (or refused by the worker's [`policy`]) to `dead`.
 //!
 //! It owns: the execution of runs and the commit of lane offsets. It must never commit an
 //! offset at or past a run that has not finished, and never run twice a run its ledger has
@@ -9,6 +9,7 @@
 pub mod handler;
 pub mod ledger;
 pub mod offsets;
+pub mod policy;
 pub mod rebalance;
 
 use std::collections::HashMap;
@@ -17,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +65,6 @@ pub struct WorkerOptions {
     pub on_finished: Option<OnFinished>,
     pub custom: HashMap<String, Arc<dyn Handler>>,
     pub heartbeat: Duration,
-    pub ledger_retention_ms: i64,
     /// The longest a revoked lane partition waits for the runs started from it before it is
     /// given back (they may then run again on the next owner). Default 30 s.
     pub revoke_wait: Duration,
@@ -76,7 +77,6 @@ impl WorkerOptions {
             on_finished: None,
             custom: HashMap::new(),
             heartbeat: Duration::from_secs(5),
-            ledger_retention_ms: 7 * 86_400_000,
             revoke_wait: Duration::from_secs(30),
         }
     }
@@ -108,7 +108,7 @@ pub async fn run(
         path: dir.clone(),
         source,
     })?;
-    let ledger = Ledger::open(&dir, opts.ledger_retention_ms)?;
+    let ledger = Ledger::open(&dir, config.worker.ledger_retention_ms as i64)?;
     let producer: FutureProducer = crate::kafka::producer_config(&config).create()?;
     let group = format!("tocsin-worker-{}", config.worker.pool);
     let mut cc = crate::kafka::consumer_config(&config, &group);
@@ -136,7 +136,11 @@ pub async fn run(
     info!(pool = %config.worker.pool, lanes = ?topics, worker = %opts.worker_id, "worker started");
 
     let mut opts = opts;
-    let handlers = Handlers::new(producer.clone(), std::mem::take(&mut opts.custom));
+    let handlers = Handlers::new(
+        producer.clone(),
+        std::mem::take(&mut opts.custom),
+        policy::Policy::new(&config),
+    );
     let shared = Arc::new(Shared {
         global: Semaphore::new(config.worker.concurrency),
         config,
@@ -152,6 +156,10 @@ pub async fn run(
     let lanes = shared.lanes.clone();
     let mut commit_tick = tokio::time::interval(Duration::from_millis(500));
     let mut resume_tick = tokio::time::interval(Duration::from_millis(20));
+    let mut prune_tick = tokio::time::interval(Duration::from_millis(
+        shared.config.worker.ledger_prune_interval_ms,
+    ));
+    let mut pruning: Option<tokio::task::JoinHandle<()>> = None;
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
@@ -159,6 +167,16 @@ pub async fn run(
             _ = commit_tick.tick() => {
                 commit(&consumer, &shared);
                 while tasks.try_join_next().is_some() {}
+            }
+            _ = prune_tick.tick(), if pruning.as_ref().is_none_or(|p| p.is_finished()) => {
+                // Off the loop's thread: a prune walks every entry past the retention.
+                let shared = shared.clone();
+                pruning = Some(tokio::task::spawn_blocking(move || {
+                    let pruned = shared.ledger.prune((shared.now)());
+                    if pruned > 0 {
+                        info!(pruned, "ledger entries past the retention dropped");
+                    }
+                }));
             }
             _ = resume_tick.tick(), if !lanes.paused.lock().unwrap().is_empty() => {
                 // Resume lanes whose tenant has drained below its bound.
@@ -269,6 +287,11 @@ fn attempt_key(run: &Run) -> String {
 
 /// Runs `run` unless its ledger saw it finish; true when its record is done with, false when
 /// it was handed back (its partition revoked before it started).
+///
+/// A run holds its concurrency slots only while its handler runs. Its reports (events on
+/// `runs`, the completion or retry request on `control`, the dead letter) are enqueued on the
+/// producer without waiting for each in turn; the run counts as finished (its offset may be
+/// committed past, its ledger entry written) only once all of them are acknowledged.
 async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
     let now = (shared.now)();
     let tenant_sem = {
@@ -285,8 +308,8 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
         done(shared);
         return true;
     }
-    let _tenant = tenant_sem.acquire().await.expect("semaphore open");
-    let _global = shared.global.acquire().await.expect("semaphore open");
+    let tenant_slot = tenant_sem.acquire().await.expect("semaphore open");
+    let global_slot = shared.global.acquire().await.expect("semaphore open");
     let started = Instant::now();
     let timeout = Duration::from_millis(run.timeout_ms.max(1));
     if !shared.lanes.start(taken, started + timeout) {
@@ -295,7 +318,10 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
         done(shared);
         return false;
     }
-    let attempt = async {
+    // The `started` event is enqueued first, so it precedes the others of this run on its
+    // partition, and delivered while the handler runs.
+    let mut reports = vec![event(shared, &run, RunEventKind::Started, None, None).await];
+    let result = {
         let call = shared.handlers.call(&run);
         tokio::pin!(call);
         let mut beat = tokio::time::interval(shared.opts.heartbeat);
@@ -309,18 +335,15 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
                     error: format!("timed out after {} ms", run.timeout_ms),
                     retry: true,
                 },
-                _ = beat.tick() => event(shared, &run, RunEventKind::Heartbeat, None, None).await,
+                _ = beat.tick() => {
+                    reports.push(event(shared, &run, RunEventKind::Heartbeat, None, None).await);
+                }
             }
         }
     };
-    // The `started` event is enqueued first (so it precedes the others of this run on its
-    // partition) and delivered while the handler runs.
-    let ((), result) = tokio::join!(
-        event(shared, &run, RunEventKind::Started, None, None),
-        attempt
-    );
     let duration_ms = started.elapsed().as_millis() as u64;
-    finish(shared, &run, &result, duration_ms).await;
+    let finished = finish(shared, &run, &result, duration_ms, &mut reports).await;
+    drop((global_slot, tenant_slot));
     if let Some(cb) = &shared.opts.on_finished {
         cb(&Finished {
             run: run.clone(),
@@ -329,36 +352,52 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
         });
     }
     done(shared);
+    settle(shared, reports).await;
+    let now = (shared.now)();
+    for key in finished {
+        if let Err(e) = shared.ledger.record(&key, now) {
+            warn!(error = %e, "ledger write failed");
+        }
+    }
     true
 }
 
-async fn finish(shared: &Shared, run: &Run, result: &HandlerResult, duration_ms: u64) {
+/// Enqueues the reports of an attempt's outcome on `out`; returns the ledger keys to record
+/// once they are delivered: the run id when the run is over, the attempt when it failed.
+async fn finish(
+    shared: &Shared,
+    run: &Run,
+    result: &HandlerResult,
+    duration_ms: u64,
+    out: &mut Vec<Outgoing>,
+) -> Vec<String> {
     let now = (shared.now)();
     match result {
         HandlerResult::Succeeded { .. } => {
-            tokio::join!(
+            out.push(
                 event(
                     shared,
                     run,
                     RunEventKind::Succeeded,
                     None,
                     Some(duration_ms),
-                ),
-                completion(shared, run, Outcome::Succeeded)
+                )
+                .await,
             );
-            if let Err(e) = shared.ledger.record(&run.run_id, now) {
-                warn!(error = %e, "ledger write failed");
-            }
+            out.push(completion(shared, run, Outcome::Succeeded).await);
+            vec![run.run_id.clone()]
         }
         HandlerResult::Failed { error, retry } => {
-            event(
-                shared,
-                run,
-                RunEventKind::Failed,
-                Some(error.clone()),
-                Some(duration_ms),
-            )
-            .await;
+            out.push(
+                event(
+                    shared,
+                    run,
+                    RunEventKind::Failed,
+                    Some(error.clone()),
+                    Some(duration_ms),
+                )
+                .await,
+            );
             if *retry && run.attempt < run.retry.max_attempts {
                 let delay = backoff_ms(run);
                 let record = ControlRecord::Retry {
@@ -368,21 +407,26 @@ async fn finish(shared: &Shared, run: &Run, result: &HandlerResult, duration_ms:
                     not_before_ms: now + delay as i64,
                     error: error.clone(),
                 };
-                send(
-                    shared,
-                    "control",
-                    &run.job_id,
-                    codec::encode(&record, &Framing::SingleObject),
-                )
-                .await;
-                event(
-                    shared,
-                    run,
-                    RunEventKind::Retrying,
-                    Some(error.clone()),
-                    None,
-                )
-                .await;
+                out.push(
+                    enqueue(
+                        shared,
+                        shared.config.topic("control"),
+                        &run.job_id,
+                        codec::encode(&record, &Framing::SingleObject),
+                    )
+                    .await,
+                );
+                out.push(
+                    event(
+                        shared,
+                        run,
+                        RunEventKind::Retrying,
+                        Some(error.clone()),
+                        None,
+                    )
+                    .await,
+                );
+                vec![attempt_key(run)]
             } else {
                 let dead = DeadLetter {
                     run: run.clone(),
@@ -390,21 +434,18 @@ async fn finish(shared: &Shared, run: &Run, result: &HandlerResult, duration_ms:
                     attempts: run.attempt,
                     at_ms: now,
                 };
-                send(
-                    shared,
-                    "dead",
-                    &run.run_id,
-                    codec::encode(&dead, &Framing::SingleObject),
-                )
-                .await;
-                event(shared, run, RunEventKind::Dead, Some(error.clone()), None).await;
-                completion(shared, run, Outcome::Dead).await;
-                if let Err(e) = shared.ledger.record(&run.run_id, now) {
-                    warn!(error = %e, "ledger write failed");
-                }
-            }
-            if let Err(e) = shared.ledger.record(&attempt_key(run), now) {
-                warn!(error = %e, "ledger write failed");
+                out.push(
+                    enqueue(
+                        shared,
+                        shared.config.topic("dead"),
+                        &run.run_id,
+                        codec::encode(&dead, &Framing::SingleObject),
+                    )
+                    .await,
+                );
+                out.push(event(shared, run, RunEventKind::Dead, Some(error.clone()), None).await);
+                out.push(completion(shared, run, Outcome::Dead).await);
+                vec![run.run_id.clone(), attempt_key(run)]
             }
         }
     }
@@ -422,20 +463,20 @@ pub fn backoff_ms(run: &Run) -> u64 {
     full / 2 + h % (full / 2 + 1)
 }
 
-async fn completion(shared: &Shared, run: &Run, outcome: Outcome) {
+async fn completion(shared: &Shared, run: &Run, outcome: Outcome) -> Outgoing {
     let record = ControlRecord::Completion {
         run_id: run.run_id.clone(),
         scheduled_ms: run.scheduled_ms,
         attempt: run.attempt,
         outcome,
     };
-    send(
+    enqueue(
         shared,
-        "control",
+        shared.config.topic("control"),
         &run.job_id,
         codec::encode(&record, &Framing::SingleObject),
     )
-    .await;
+    .await
 }
 
 async fn event(
@@ -444,7 +485,7 @@ async fn event(
     kind: RunEventKind,
     error: Option<String>,
     duration_ms: Option<u64>,
-) {
+) -> Outgoing {
     let e = RunEvent {
         run_id: run.run_id.clone(),
         job_id: run.job_id.clone(),
@@ -457,21 +498,72 @@ async fn event(
         error,
         duration_ms,
     };
-    send(
+    enqueue(
         shared,
-        "runs",
+        shared.config.topic("runs"),
         &run.run_id,
         codec::encode(&e, &Framing::SingleObject),
     )
-    .await;
+    .await
 }
 
-async fn send(shared: &Shared, topic: &str, key: &str, value: Vec<u8>) {
-    let topic = shared.config.topic(topic);
-    // Retried until delivered: a lost retry request or completion would lose a run.
-    let mut backoff = Duration::from_millis(100);
+/// A record enqueued on the producer, kept with its delivery so that it can be sent again.
+struct Outgoing {
+    topic: String,
+    key: String,
+    value: Vec<u8>,
+    delivery: DeliveryFuture,
+}
+
+/// Enqueues a record without waiting for its delivery. A full producer queue waits here, so
+/// the runs holding slots (not an unbounded backlog) absorb the backpressure.
+async fn enqueue(shared: &Shared, topic: String, key: &str, value: Vec<u8>) -> Outgoing {
+    let mut backoff = Duration::from_millis(5);
     loop {
         let record = FutureRecord::to(&topic).key(key.as_bytes()).payload(&value);
+        let error = match shared.producer.send_result(record) {
+            Ok(delivery) => {
+                return Outgoing {
+                    topic,
+                    key: key.to_owned(),
+                    value,
+                    delivery,
+                }
+            }
+            Err((e, _)) => e,
+        };
+        if !matches!(
+            error,
+            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+        ) {
+            warn!(topic = %topic, error = %error, "enqueue failed; retrying");
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Waits until every record of a run is acknowledged. One whose delivery failed is sent again
+/// until it is delivered: a lost retry request or completion would lose a run, so the run stays
+/// unfinished (its offset uncommitted) until then.
+async fn settle(shared: &Shared, reports: Vec<Outgoing>) {
+    for o in reports {
+        match o.delivery.await {
+            Ok(Ok(_)) => continue,
+            Ok(Err((e, _))) => {
+                warn!(topic = %o.topic, error = %e, "delivery failed; sending again")
+            }
+            Err(_) => warn!(topic = %o.topic, "delivery abandoned by the producer; sending again"),
+        }
+        send(shared, &o.topic, &o.key, &o.value).await;
+    }
+}
+
+/// Sends one record and waits until it is delivered, retrying with backoff.
+async fn send(shared: &Shared, topic: &str, key: &str, value: &[u8]) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let record = FutureRecord::to(topic).key(key.as_bytes()).payload(value);
         match shared.producer.send(record, Duration::from_secs(30)).await {
             Ok(_) => return,
             Err((e, _)) => {

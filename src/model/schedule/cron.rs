@@ -10,8 +10,11 @@ use chrono::{Datelike, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
 
 /// The first year a cron expression can match.
 pub const MIN_YEAR: i32 = 1970;
-/// The last year a cron expression can match; the search gives up after it.
-pub const MAX_YEAR: i32 = 2199;
+/// The last year a cron expression can match; the search gives up after it. This is the
+/// horizon of the time-zone data (chrono-tz's transition tables end with 2099: past it every
+/// zone would keep its last offset, and a summer instant in New York would be an hour off), so
+/// an instant after it is refused rather than computed wrongly.
+pub const MAX_YEAR: i32 = 2099;
 
 const YEAR_SPAN: usize = (MAX_YEAR - MIN_YEAR + 1) as usize;
 const YEAR_WORDS: usize = YEAR_SPAN.div_ceil(64);
@@ -79,6 +82,8 @@ pub enum CronError {
     Invalid { field: Field, text: String },
     #[error("{field} step 0 is not allowed")]
     ZeroStep { field: Field },
+    #[error("{field} step {step} out of range 1-{max}: a step may not exceed the field's width")]
+    StepTooLarge { field: Field, step: u64, max: u32 },
     #[error("{field} range {start}-{end} is reversed: the start must not exceed the end")]
     ReversedRange { field: Field, start: u32, end: u32 },
     #[error("{field} does not allow {token:?}")]
@@ -534,13 +539,7 @@ fn parse_item(item: &str, field: Field) -> Result<u64, CronError> {
     }
     let (min, max) = field.bounds();
     let (base, step) = match item.split_once('/') {
-        Some((base, step)) => {
-            let step = parse_number(step, field, item)?;
-            if step == 0 {
-                return Err(CronError::ZeroStep { field });
-            }
-            (base, Some(step))
-        }
+        Some((base, step)) => (base, Some(parse_step(step, field, item)?)),
         None => (item, None),
     };
     let (lo, hi) = if base == "*" {
@@ -581,13 +580,35 @@ fn parse_item(item: &str, field: Field) -> Result<u64, CronError> {
         }
     };
     let step = step.unwrap_or(1);
-    let mut bits = 0u64;
-    let mut v = lo as u64;
-    while v <= hi as u64 {
-        bits |= 1 << v;
-        v += step;
+    // Bounded by the field's width (`parse_step`), so neither the shift nor the add can wrap;
+    // `step_by` keeps it that way without a hand-written increment.
+    Ok((lo..=hi)
+        .step_by(step as usize)
+        .fold(0u64, |bits, v| bits | 1 << v))
+}
+
+/// A step: 1 up to the field's width (60 for seconds, 7 for day-of-week, the year span for
+/// years). A larger one could only ever match its start, and would overflow the arithmetic.
+fn parse_step(text: &str, field: Field, item: &str) -> Result<u64, CronError> {
+    let step = parse_number(text, field, item)?;
+    if step == 0 {
+        return Err(CronError::ZeroStep { field });
     }
-    Ok(bits)
+    let (min, max) = field.bounds();
+    // Day-of-week steps run over 0-6 (7 is Sunday's second name, not an eighth day).
+    let width = if field == Field::DayOfWeek {
+        7
+    } else {
+        max - min + 1
+    };
+    if step > u64::from(width) {
+        return Err(CronError::StepTooLarge {
+            field,
+            step,
+            max: width,
+        });
+    }
+    Ok(step)
 }
 
 fn parse_years(text: &str) -> Result<YearSet, CronError> {
@@ -602,13 +623,7 @@ fn parse_years(text: &str) -> Result<YearSet, CronError> {
         }
         // Years do not fit a u64 mask, so this repeats parse_item's grammar over i32.
         let (base, step) = match item.split_once('/') {
-            Some((base, step)) => {
-                let step = parse_number(step, field, item)?;
-                if step == 0 {
-                    return Err(CronError::ZeroStep { field });
-                }
-                (base, step)
-            }
+            Some((base, step)) => (base, parse_step(step, field, item)?),
             None => (item, 0),
         };
         let (lo, hi) = if base == "*" {
@@ -628,11 +643,8 @@ fn parse_years(text: &str) -> Result<YearSet, CronError> {
             let v = parse_value(base, field)?;
             (v, if step > 0 { MAX_YEAR as u32 } else { v })
         };
-        let step = step.max(1);
-        let mut y = lo as u64;
-        while y <= hi as u64 {
+        for y in (lo..=hi).step_by(step.max(1) as usize) {
             set.insert(y as i32);
-            y += step;
         }
     }
     Ok(set)
@@ -705,8 +717,8 @@ mod tests {
             ]
         );
         assert_eq!(
-            nexts("0 0 0 1 1 ? 2100/50", "1970-01-01 00:00:00", 5),
-            ["2100-01-01 00:00:00", "2150-01-01 00:00:00"]
+            nexts("0 0 0 1 1 ? 2000/50", "1970-01-01 00:00:00", 5),
+            ["2000-01-01 00:00:00", "2050-01-01 00:00:00"]
         );
     }
 
@@ -821,11 +833,12 @@ mod tests {
                 "2036-02-29 00:00:00"
             ]
         );
-        // 2100 is not a leap year.
+        // 2000 is a leap year (divisible by 400); 2100, past the horizon, would not be.
         assert_eq!(
-            next("0 0 0 29 FEB *", "2097-01-01 00:00:00").as_deref(),
-            Some("2104-02-29 00:00:00")
+            next("0 0 0 29 FEB *", "1997-01-01 00:00:00").as_deref(),
+            Some("2000-02-29 00:00:00")
         );
+        assert_eq!(next("0 0 0 29 FEB *", "2096-03-01 00:00:00"), None);
     }
 
     #[test]
@@ -840,10 +853,10 @@ mod tests {
     #[test]
     fn gives_up_after_max_year() {
         assert_eq!(
-            next("0 0 0 1 1 *", "2199-01-01 00:00:00").as_deref(),
-            Some("2199-01-01 00:00:00")
+            next("0 0 0 1 1 *", "2099-01-01 00:00:00").as_deref(),
+            Some("2099-01-01 00:00:00")
         );
-        assert_eq!(next("0 0 0 1 1 *", "2199-01-01 00:00:01"), None);
+        assert_eq!(next("0 0 0 1 1 *", "2099-01-01 00:00:01"), None);
         assert_eq!(
             next("0 0 0 1 1 *", "1901-05-05 00:00:00").as_deref(),
             Some("1970-01-01 00:00:00")
@@ -966,7 +979,7 @@ mod tests {
         assert_eq!(err("0 0 32 * *"), "day-of-month 32 out of range 1-31");
         assert_eq!(err("0 0 0 * 13 *"), "month 13 out of range 1-12");
         assert_eq!(err("0 0 0 * * 8"), "day-of-week 8 out of range 0-7");
-        assert_eq!(err("0 0 0 * * * 2200"), "year 2200 out of range 1970-2199");
+        assert_eq!(err("0 0 0 * * * 2100"), "year 2100 out of range 1970-2099");
         assert_eq!(
             err("30-10 0 * * *"),
             "minute range 30-10 is reversed: the start must not exceed the end"
@@ -982,7 +995,69 @@ mod tests {
         assert!(err("0 0 * * L").contains("L without a weekday"));
         assert_eq!(
             err("0 0 0 1 * * 99999999999999999999999"),
-            format!("year {} out of range 1970-2199", u64::MAX)
+            format!("year {} out of range 1970-2099", u64::MAX)
         );
+    }
+
+    #[test]
+    fn steps_are_capped_at_the_fields_width() {
+        // These once wrapped: a panic in `YearSet::insert`, or seconds 0-5 for `5/2^64-1`.
+        assert_eq!(
+            err("0 0 0 1 1 * 2000/18446744073709551615"),
+            "year step 18446744073709551615 out of range 1-130: a step may not exceed the \
+             field's width"
+        );
+        assert_eq!(
+            err("5/18446744073709551615 * * * * *"),
+            "second step 18446744073709551615 out of range 1-60: a step may not exceed the \
+             field's width"
+        );
+        assert_eq!(
+            err("0 0 0 * * 6/18446744073709551614"),
+            "day-of-week step 18446744073709551614 out of range 1-7: a step may not exceed the \
+             field's width"
+        );
+        assert_eq!(
+            err("0 0 0 * * 1/99999999999999999999999"),
+            format!(
+                "day-of-week step {} out of range 1-7: a step may not exceed the field's width",
+                u64::MAX
+            )
+        );
+        // A step of the whole width is allowed and matches the start only.
+        assert_eq!(
+            nexts("5/60 * * * * *", "2025-01-01 00:00:00", 2),
+            ["2025-01-01 00:00:05", "2025-01-01 00:01:05"]
+        );
+        assert_eq!(
+            nexts("0 0 0 * * 6/7", "2025-01-01 00:00:00", 2),
+            ["2025-01-04 00:00:00", "2025-01-11 00:00:00"]
+        );
+    }
+
+    proptest::proptest! {
+        /// No expression built from the grammar's pieces, with any numbers at all, panics.
+        #[test]
+        fn parse_never_panics(
+            fields in proptest::collection::vec(
+                (0u64..u64::MAX, 0u64..u64::MAX, 0usize..6),
+                5..8,
+            )
+        ) {
+            let expr: Vec<String> = fields
+                .iter()
+                .map(|(a, b, form)| match form {
+                    0 => format!("{a}"),
+                    1 => format!("{a}/{b}"),
+                    2 => format!("*/{b}"),
+                    3 => format!("{}-{}/{b}", a % 64, b % 64),
+                    4 => format!("{}L", a % 64),
+                    _ => format!("{}#{}", a % 8, b),
+                })
+                .collect();
+            if let Ok(cron) = CronExpr::parse(&expr.join(" ")) {
+                let _ = cron.next_local(dt("2025-01-01 00:00:00"));
+            }
+        }
     }
 }
