@@ -103,6 +103,20 @@ where
     F: FnOnce(Config) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let (config, dir, log) = good_job_beside(test, bad).await;
+    assert!(
+        !log.contains("scheduler step failed"),
+        "a step failed: the bad record reached a transaction\n{log}"
+    );
+    (config, dir)
+}
+
+/// As `with_good_job_firing`, without requiring that no step failed; returns the node's log.
+async fn good_job_beside<F, Fut>(test: &str, bad: F) -> (Config, tempfile::TempDir, String)
+where
+    F: FnOnce(Config) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let (config, dir) = setup(test).await;
     let good = id_on(&config, "good", 0);
     put_jobs(&config, &[job(&good, "acme", every(1000))]).await;
@@ -121,12 +135,8 @@ where
     std::thread::sleep(Duration::from_secs(5));
     let until = now_ms();
     let log = node.stop();
-    assert!(
-        !log.contains("scheduler step failed"),
-        "a step failed: the bad record reached a transaction\n{log}"
-    );
     assert_every_second(&config, &good, until);
-    (config, dir)
+    (config, dir, log)
 }
 
 /// Writes job definitions with a producer that sends records up to 7 MB (what a Java client
@@ -335,4 +345,58 @@ async fn a_job_whose_lane_cannot_be_created_is_set_aside() {
     assert!(*copied);
     let def: JobDefinition = codec::decode(bytes).unwrap();
     assert_eq!(def.id, blocked);
+}
+
+/// The last line of defence for what only the broker refuses: the `timers` topic is set to take
+/// records of at most 2,000 bytes after the node read its limits, so a job's timer state passes
+/// validation and is refused at commit. The node retries the transaction once, then sets the
+/// record aside, and the good job keeps every second.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_the_broker_keeps_refusing_is_set_aside() {
+    let mut refused = String::new();
+    let (config, _dir, _log) = good_job_beside("poison-refused", |config| {
+        refused = id_on(&config, "refused", 0);
+        // Bytes lz4 cannot shrink, so the batch the broker checks stays over its limit.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let noise: Vec<u8> = (0..20_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut def = job(&refused, "acme", every(1000));
+        def.handler.payload = noise;
+        async move {
+            let admin: AdminClient<DefaultClientContext> =
+                tocsin::kafka::base_config(&config).create().unwrap();
+            let timers = config.topic("timers");
+            let alter = AlterConfig::new(ResourceSpecifier::Topic(&timers))
+                .set("max.message.bytes", "2000");
+            for r in admin
+                .alter_configs(&[alter], &AdminOptions::new())
+                .await
+                .unwrap()
+            {
+                r.unwrap();
+            }
+            // The broker applies a topic's new settings within a moment.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            put_jobs(&config, &[def]).await
+        }
+    })
+    .await;
+    let reasons = rejected(&config, 1);
+    let (reason, copied, _) = reasons
+        .get(&refused)
+        .expect("the refused job was not set aside");
+    assert!(
+        reason.starts_with("processing failed: delivery to"),
+        "{reason}"
+    );
+    assert!(reason.contains(&config.topic("timers")), "{reason}");
+    assert!(*copied);
+    let seen = audit(&config, Duration::from_secs(2));
+    assert!(seen.iter().all(|s| s.run.job_id != refused));
 }
