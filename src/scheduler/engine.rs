@@ -872,7 +872,12 @@ impl Engine {
                 Ok(())
             }
             Err(e) => {
-                let refused = std::mem::take(&mut *self.producer.context().refused.lock().unwrap());
+                // Refusals reported so far, and those the abort serves while it waits for the
+                // outstanding deliveries (it may also replace the producer, and its context).
+                let mut refused =
+                    std::mem::take(&mut *self.producer.context().refused.lock().unwrap());
+                self.abort();
+                refused.append(&mut self.producer.context().refused.lock().unwrap());
                 for (job, reason) in refused {
                     let entry = self
                         .suspects
@@ -883,7 +888,6 @@ impl Engine {
                     warn!(job = %job, failures = entry.0, reason = %entry.1,
                         "the broker refused a record of this job");
                 }
-                self.abort();
                 // The consumed records will be read again.
                 for (topic, p) in txn.positions.keys() {
                     let to = self
