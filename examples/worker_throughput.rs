@@ -126,7 +126,8 @@ async fn main() {
         config.worker.per_tenant_concurrency = c;
     }
 
-    let sink = config.topic("sink");
+    // Outside the prefix: every topic under it is Tocsin's, and a kafka run may not write there.
+    let sink = format!("{}-sink", config.topic_prefix.trim_end_matches('.'));
     let handler = match args.kind.as_str() {
         "kafka" => HandlerSpec {
             kind: HandlerKind::Kafka,
@@ -311,5 +312,8 @@ async fn main() {
         committed_in.map_or("never".into(), |d| format!("{:.2} s", d.as_secs_f64())),
         committed_in.map_or("-".into(), |d| format!("{:.0} runs/s", rate(d))),
     );
-    let _ = admin.delete_prefixed(&config.topic_prefix).await;
+    // The prefix's topics and the sink beside them.
+    let _ = admin
+        .delete_prefixed(config.topic_prefix.trim_end_matches('.'))
+        .await;
 }
