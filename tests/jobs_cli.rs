@@ -173,6 +173,32 @@ async fn requests_for_jobs_that_do_not_exist_fail_with_a_reason() {
         "{err}"
     );
     ok(jobs(&config, &["trigger", "real"]));
+
+    // Another tenant can neither replace the job nor act on it under its name.
+    let err = failed(jobs(
+        &config,
+        &[
+            "put", "--id", "real", "--tenant", "mallory", "--every", "1h", "--target", "out",
+        ],
+    ));
+    assert!(
+        err.contains(
+            "job \"real\" belongs to tenant \"acme\"; a definition from tenant \"mallory\""
+        ),
+        "{err}"
+    );
+    for args in [
+        &["trigger", "real", "--tenant", "mallory"][..],
+        &["delete", "real", "--tenant", "mallory"],
+    ] {
+        let err = failed(jobs(&config, args));
+        assert!(
+            err.contains("job \"real\" belongs to tenant \"acme\", not \"mallory\""),
+            "{err}"
+        );
+    }
+    assert_eq!(get(&config, "real")["tenant"], "acme");
+    ok(jobs(&config, &["trigger", "real", "--tenant", "acme"]));
 }
 
 /// With no broker at the address, every command ends within 15 s with one line naming the

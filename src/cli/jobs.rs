@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -28,16 +29,39 @@ pub enum JobsCommand {
     /// Print the latest definition of a job as JSON.
     Get { id: String },
     /// Delete a job (a tombstone on `jobs`): it never fires again.
-    Delete { id: String },
+    Delete {
+        id: String,
+        /// Refuse unless the job belongs to this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// Stop firing a job until it is resumed.
-    Pause { id: String },
+    Pause {
+        id: String,
+        /// Refuse unless the job belongs to this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// Resume a paused job; missed instants follow its misfire policy.
-    Resume { id: String },
+    Resume {
+        id: String,
+        /// Refuse unless the job belongs to this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// Fire a job now, outside its schedule.
-    Trigger { id: String },
+    Trigger {
+        id: String,
+        /// Refuse unless the job belongs to this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// Fire every instant of a job's schedule in [--from, --to).
     Backfill {
         id: String,
+        /// Refuse unless the job belongs to this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
         /// ISO 8601 instant, e.g. 2026-01-01T00:00:00Z.
         #[arg(long)]
         from: String,
@@ -131,6 +155,14 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
+            if let Some(existing) = get(config, &def.id)? {
+                if existing.tenant != def.tenant {
+                    bail!(
+                        "{}",
+                        crate::scheduler::other_tenants_job(&def.id, &existing.tenant, &def.tenant)
+                    );
+                }
+            }
             put(config, &def).await?;
             println!("put {}", def.id);
         }
@@ -138,21 +170,21 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             let def = get(config, id)?.ok_or_else(|| anyhow!("job {id:?} not found"))?;
             println!("{}", serde_json::to_string_pretty(&def)?);
         }
-        JobsCommand::Delete { id } => {
-            exists(config, id)?;
+        JobsCommand::Delete { id, tenant } => {
+            owned(config, id, tenant.as_deref())?;
             send(config, "jobs", id, None).await?;
             println!("deleted {id}");
         }
-        JobsCommand::Pause { id } | JobsCommand::Resume { id } => {
+        JobsCommand::Pause { id, tenant } | JobsCommand::Resume { id, tenant } => {
             let paused = matches!(command, JobsCommand::Pause { .. });
-            let mut def = get(config, id)?.ok_or_else(|| anyhow!("job {id:?} not found"))?;
+            let mut def = owned(config, id, tenant.as_deref())?;
             def.paused = paused;
             def.revision += 1;
             put(config, &def).await?;
             println!("{} {id}", if paused { "paused" } else { "resumed" });
         }
-        JobsCommand::Trigger { id } => {
-            exists(config, id)?;
+        JobsCommand::Trigger { id, tenant } => {
+            owned(config, id, tenant.as_deref())?;
             let record = ControlRecord::Trigger { requested_ms: now };
             send(
                 config,
@@ -163,14 +195,19 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             .await?;
             println!("triggered {id}");
         }
-        JobsCommand::Backfill { id, from, to } => {
+        JobsCommand::Backfill {
+            id,
+            tenant,
+            from,
+            to,
+        } => {
             let (from_ms, to_ms) = (parse_instant(from)?, parse_instant(to)?);
             if to_ms < from_ms {
                 bail!(
                     "backfill range of job {id:?} is reversed: --to {to} is before --from {from}"
                 );
             }
-            exists(config, id)?;
+            owned(config, id, tenant.as_deref())?;
             let record = ControlRecord::Backfill { from_ms, to_ms };
             send(
                 config,
@@ -203,12 +240,18 @@ pub async fn put(config: &Config, def: &JobDefinition) -> anyhow::Result<()> {
     .await
 }
 
-/// Fails unless the job has a definition on `jobs`: a request for a job that does not exist
-/// would be written, ignored by the scheduler, and reported as done.
-fn exists(config: &Config, id: &str) -> anyhow::Result<()> {
-    match get(config, id)? {
-        Some(_) => Ok(()),
-        None => bail!("job {id:?} not found on {}", config.topic("jobs")),
+/// The job's definition, or an error when it has none on `jobs` (a request for a job that does
+/// not exist would be written, ignored by the scheduler, and reported as done) or belongs to
+/// another tenant than `tenant`.
+fn owned(config: &Config, id: &str, tenant: Option<&str>) -> anyhow::Result<JobDefinition> {
+    let Some(def) = get(config, id)? else {
+        bail!("job {id:?} not found on {}", config.topic("jobs"));
+    };
+    match tenant {
+        Some(t) if t != def.tenant => {
+            bail!("job {id:?} belongs to tenant {:?}, not {t:?}", def.tenant)
+        }
+        _ => Ok(def),
     }
 }
 
@@ -249,7 +292,30 @@ pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
         .filter(|n| *n > 0)
         .ok_or_else(|| anyhow!("topic {topic} does not exist; run `tocsin topics ensure`"))?;
     let p = partition_for(id.as_bytes(), partitions) as i32;
-    let (low, high) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(10))?;
+    // A partition just created may have no leader for a moment (a new 1024-partition topic
+    // takes seconds): retry that, within the command's time bound.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (low, high) = loop {
+        match consumer.fetch_watermarks(&topic, p, Duration::from_secs(10)) {
+            Ok(w) => break w,
+            Err(e)
+                if std::time::Instant::now() < deadline
+                    && matches!(
+                        e.rdkafka_error_code(),
+                        Some(
+                            RDKafkaErrorCode::NotLeaderForPartition
+                                | RDKafkaErrorCode::LeaderNotAvailable
+                                | RDKafkaErrorCode::UnknownTopicOrPartition
+                        )
+                    ) =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("could not read the offsets of {topic}/{p}"))
+            }
+        }
+    };
     if high <= low {
         return Ok(None);
     }

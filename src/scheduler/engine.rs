@@ -1174,6 +1174,12 @@ impl Engine {
                 if s.definition == def {
                     return Ok(());
                 }
+                if s.definition.tenant != def.tenant {
+                    return self.reject(
+                        m,
+                        other_tenants_job(&job, &s.definition.tenant, &def.tenant),
+                    );
+                }
                 if def.revision != 0 && def.revision < s.definition.revision {
                     info!(job = %job, revision = def.revision, current = s.definition.revision,
                         "ignored an older revision");
@@ -1334,6 +1340,16 @@ impl Engine {
         self.producer.send(record).map_err(|(e, _)| e)?;
         Ok(())
     }
+}
+
+/// Why a definition from one tenant may not replace another tenant's job. A job id belongs
+/// to the tenant that created it until the job is deleted (README, "Schedules: what is
+/// accepted", Tenants).
+pub fn other_tenants_job(job: &str, owner: &str, writer: &str) -> String {
+    format!(
+        "job {job:?} belongs to tenant {owner:?}; a definition from tenant {writer:?} cannot \
+         replace it (a job id is owned by the tenant that created it until that job is deleted)"
+    )
 }
 
 /// Keys longer than this are not copied into a `jobs.rejected` record that cannot copy the

@@ -7,6 +7,8 @@
 //! never commit a transaction without the group's fresh metadata (the fence).
 
 mod engine;
+
+pub use engine::other_tenants_job;
 pub mod fair;
 pub mod fire;
 pub mod store;
