@@ -669,36 +669,11 @@ fn worker_with(
     id: &str,
     flags: &[&str],
 ) -> Node {
-    let cfg_path = dir.join("tocsin.toml");
-    if !cfg_path.exists() {
-        std::fs::write(&cfg_path, toml::to_string(config).unwrap()).unwrap();
-    }
-    let log = dir.join(format!("{id}.log"));
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .unwrap();
-    let child = common::tocsin()
-        .env_remove("TOCSIN_BOOTSTRAP")
-        .env_remove("TOCSIN_TOPIC_PREFIX")
-        .args([
-            "--config",
-            cfg_path.to_str().unwrap(),
-            "--log",
-            "info,librdkafka=warn",
-        ])
-        .args(["worker", "--pool", "p", "--lanes", "*", "--worker-id", id])
-        .args(flags)
-        .stdout(std::process::Stdio::null())
-        .stderr(out)
-        .spawn()
-        .expect("start worker");
-    Node {
-        id: id.into(),
-        child,
-        log,
-    }
+    let args: Vec<&str> = ["worker", "--pool", "p", "--lanes", "*", "--worker-id", id]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .collect();
+    Node::spawn(config, dir, id, &args)
 }
 
 fn program(path: &str, args: &[&str]) -> HandlerSpec {

@@ -303,7 +303,8 @@ pub mod fleet {
             )
         }
 
-        fn spawn(config: &Config, dir: &Path, id: &str, args: &[&str]) -> Node {
+        /// Any `tocsin` subcommand, with the config written to `dir` and its log there.
+        pub fn spawn(config: &Config, dir: &Path, id: &str, args: &[&str]) -> Node {
             let cfg_path = dir.join("tocsin.toml");
             if !cfg_path.exists() {
                 std::fs::write(&cfg_path, toml::to_string(config).unwrap()).unwrap();
@@ -327,7 +328,7 @@ pub mod fleet {
                 .stdout(Stdio::null())
                 .stderr(out)
                 .spawn()
-                .expect("start scheduler");
+                .expect("start tocsin");
             Node {
                 id: id.into(),
                 child,
