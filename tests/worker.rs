@@ -895,7 +895,7 @@ async fn the_ledger_stays_bounded_by_its_retention_and_still_skips_recent_redeli
     );
     // The last run finished within the retention: delivered again, it is not run again.
     let last = all.last().unwrap().clone();
-    put_runs(&config, &[last.clone()]).await;
+    put_runs(&config, std::slice::from_ref(&last)).await;
     wait_watching(
         Duration::from_secs(20),
         "the redelivery to be acknowledged",

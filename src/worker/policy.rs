@@ -221,7 +221,7 @@ impl Policy {
                  and not found in the worker's PATH; worker.exec.allow lists absolute paths"
             )
         })?;
-        if !self.exec_allow.iter().any(|a| *a == program) {
+        if !self.exec_allow.contains(&program) {
             return Err(format!(
                 "refused: exec program {:?} (tenant {tenant:?}) is not in worker.exec.allow",
                 program.display().to_string()
