@@ -492,6 +492,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn own_topics_are_told_as_kafka_compares_names() {
+        for own in [
+            "tocsin.jobs",
+            "tocsin.lane.acme",
+            "tocsin_lane.acme",
+            "tocsin.dead",
+        ] {
+            assert!(is_tocsin_topic("tocsin.", own), "{own}");
+        }
+        for other in ["orders", "tocsin", "tocsinx.jobs", "other.lane.x"] {
+            assert!(!is_tocsin_topic("tocsin.", other), "{other}");
+        }
+        // Without a prefix: the fixed names and the lanes.
+        for own in ["jobs", "jobs.rejected", "timers", "lane.acme", "lane_acme"] {
+            assert!(is_tocsin_topic("", own), "{own}");
+        }
+        for other in ["orders", "jobsx", "my.lane.x"] {
+            assert!(!is_tocsin_topic("", other), "{other}");
+        }
+    }
+
+    #[test]
     fn kafka_settings_that_break_guarantees_are_refused() {
         for key in [
             "isolation.level",

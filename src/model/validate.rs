@@ -714,6 +714,15 @@ mod tests {
                 )
             );
         }
+        for internal in ["__consumer_offsets", "__transaction_state"] {
+            assert_eq!(
+                message(|d| d.handler.target = internal.into()),
+                format!(
+                    "kafka target {internal:?} for job \"billing-7\" is an internal Kafka topic \
+                     (names starting with `__` are the broker's)"
+                )
+            );
+        }
         for bad in ["", ".", "..", "has space", "a/b", &"t".repeat(250)] {
             assert!(
                 message(|d| d.handler.target = bad.to_string()).contains("is not a valid topic"),
