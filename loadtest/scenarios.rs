@@ -14,7 +14,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use tocsin::config::Config;
 use tocsin::kafka::admin::{fleet_topics, lane_topic, Admin};
-use tocsin::model::job::{JobDefinition, ScheduleSpec};
+use tocsin::model::job::{HandlerKind, JobDefinition, ScheduleSpec};
 
 use crate::audit::{verdict, Audit, Obs, Verdict};
 use crate::chart::{Chart, Series};
@@ -864,6 +864,7 @@ fn delay(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
             ScheduleSpec::Once { at_ms: at },
             payload,
         );
+        j.handler.kind = HandlerKind::Kafka;
         j.handler.target = topic.clone();
         j
     };
