@@ -142,6 +142,21 @@ pub struct SchedulerConfig {
     pub static_membership: bool,
     /// `host:port` of the HTTP endpoint (/metrics, /healthz, /readyz); empty disables it.
     pub http_listen: String,
+    /// Who writes a `kafka` job's payload into its target topic.
+    pub kafka_delivery: KafkaDelivery,
+}
+
+/// Who writes a `kafka` job's payload into its target topic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaDelivery {
+    /// The scheduler, inside the firing transaction: exactly once for `read_committed`
+    /// readers, at firing speed, with no lane record and no worker (the default).
+    #[default]
+    Direct,
+    /// A worker, from the tenant's lane: at least once (a worker that dies between the
+    /// target write and its lane commit delivers again), one more hop.
+    Worker,
 }
 
 impl Default for SchedulerConfig {
@@ -157,6 +172,7 @@ impl Default for SchedulerConfig {
             group_id: "tocsin-scheduler".into(),
             static_membership: false,
             http_listen: String::new(),
+            kafka_delivery: KafkaDelivery::default(),
         }
     }
 }
@@ -412,6 +428,11 @@ impl Config {
         format!("{}{}", self.topic_prefix, name)
     }
 
+    /// Whether `topic` is one of this fleet's own topics; see [`is_tocsin_topic`].
+    pub fn is_own_topic(&self, topic: &str) -> bool {
+        is_tocsin_topic(&self.topic_prefix, topic)
+    }
+
     /// The lane of `tenant`; see `tenant_topic_part` for why `.` and `_` are escaped.
     pub fn lane_topic(&self, tenant: &str) -> String {
         format!(
@@ -419,6 +440,22 @@ impl Config {
             self.topic_prefix,
             crate::model::job::tenant_topic_part(tenant)
         )
+    }
+}
+
+/// The names of Tocsin's own topics, apart from the prefix.
+pub const OWN_TOPICS: [&str; 6] = ["jobs", "jobs.rejected", "timers", "control", "runs", "dead"];
+
+/// Whether `topic` is one of the topics of a fleet with topic prefix `prefix`: under the
+/// prefix, compared as Kafka compares names for collisions (`.` and `_` alike, so
+/// `tocsin_lane.x` counts too); with an empty prefix, the names of [`OWN_TOPICS`] and the
+/// lanes (`lane.…`). No job may write into these.
+pub fn is_tocsin_topic(prefix: &str, topic: &str) -> bool {
+    let kafka_form = |t: &str| t.replace('.', "_");
+    if prefix.is_empty() {
+        OWN_TOPICS.contains(&topic) || kafka_form(topic).starts_with("lane_")
+    } else {
+        kafka_form(topic).starts_with(&kafka_form(prefix))
     }
 }
 

@@ -291,3 +291,61 @@ fn dry_run_from_any_instant() {
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn putting_a_kafka_job_whose_target_is_missing_warns_and_puts_it() {
+    let (config, _dir) = setup_sized("jobsmissing", 4).await;
+    let missing = format!("{}-nowhere", config.topic_prefix.trim_end_matches('.'));
+    let out = jobs(
+        &config,
+        &[
+            "put",
+            "--id",
+            "later",
+            "--every",
+            "1m",
+            "--handler",
+            "kafka",
+            "--target",
+            &missing,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(ok(out).contains("put later"));
+    assert!(
+        stderr.contains(&format!("target topic {missing:?}"))
+            && stderr.contains("does not exist")
+            && stderr.contains("dead"),
+        "{stderr}"
+    );
+    assert_eq!(get(&config, "later")["handler"]["target"], missing.as_str());
+
+    // A target that exists: no warning.
+    let exists = format!("{}-there", config.topic_prefix.trim_end_matches('.'));
+    tocsin::kafka::admin::Admin::new(&config)
+        .unwrap()
+        .ensure(&[tocsin::kafka::admin::TopicSpec {
+            name: exists.clone(),
+            partitions: 1,
+            cleanup: tocsin::kafka::admin::Cleanup::Delete,
+        }])
+        .await
+        .unwrap();
+    let out = jobs(
+        &config,
+        &[
+            "put",
+            "--id",
+            "now",
+            "--every",
+            "1m",
+            "--handler",
+            "kafka",
+            "--target",
+            &exists,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(ok(out).contains("put now"));
+    assert!(!stderr.contains("warning"), "{stderr}");
+}

@@ -363,17 +363,8 @@ async fn a_record_the_broker_keeps_refusing_is_set_aside() {
     let (config, _dir, _log) = good_job_beside("poison-refused", |config| {
         refused = id_on(&config, "refused", 0);
         // Bytes lz4 cannot shrink, so the batch the broker checks stays over its limit.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let noise: Vec<u8> = (0..20_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
         let mut def = job(&refused, "acme", every(1000));
-        def.handler.payload = noise;
+        def.handler.payload = noise(20_000);
         async move {
             let admin: AdminClient<DefaultClientContext> =
                 tocsin::kafka::base_config(&config).create().unwrap();

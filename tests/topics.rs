@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -161,28 +159,7 @@ async fn producer_places_keys_where_kafkas_java_client_does() {
         .collect();
 
     // Kafka's own answer, from the broker's jars.
-    let mut java = Command::new("java")
-        .arg("-cp")
-        .arg(kafka_classpath())
-        .arg(repo_root().join("tests/java/Murmur2.java"))
-        .arg(partitions.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("java");
-    {
-        let mut stdin = java.stdin.take().unwrap();
-        for k in &keys {
-            writeln!(stdin, "{k}").unwrap();
-        }
-    }
-    let out = java.wait_with_output().unwrap();
-    assert!(out.status.success(), "java failed: {}", text(&out.stderr));
-    let java_partitions: Vec<u32> = text(&out.stdout)
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    let java_partitions = java_partitions(&keys, partitions);
     assert_eq!(java_partitions.len(), keys.len());
 
     // Where Tocsin's producer actually puts them.

@@ -163,6 +163,9 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
                     );
                 }
             }
+            if let Some(warning) = target_warning(config, &def) {
+                eprintln!("warning: {warning}");
+            }
             put(config, &def).await?;
             println!("put {}", def.id);
         }
@@ -390,6 +393,38 @@ fn parse_enum<T: serde::de::DeserializeOwned>(
 ) -> anyhow::Result<T> {
     serde_json::from_value(serde_json::Value::String(value.to_owned()))
         .map_err(|_| anyhow!("invalid --{flag} {value:?}: expected one of {allowed}"))
+}
+
+/// Why a `kafka` job's runs would go to `dead` as things stand: its target topic does not
+/// exist (the scheduler delivers into it and never creates it). `None` when it exists, when
+/// a worker delivers, or when the broker cannot tell.
+fn target_warning(config: &Config, def: &JobDefinition) -> Option<String> {
+    if def.handler.kind != HandlerKind::Kafka
+        || config.scheduler.kafka_delivery != crate::config::KafkaDelivery::Direct
+    {
+        return None;
+    }
+    let topic = def.handler.target.as_str();
+    let consumer: BaseConsumer = crate::kafka::base_config(config)
+        .set("client.id", "tocsin-cli-probe")
+        .set("log_level", "0")
+        .create()
+        .ok()?;
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .ok()?;
+    let t = md.topics().iter().find(|t| t.name() == topic);
+    let missing = match t {
+        None => true,
+        Some(t) => t.error().is_some() || t.partitions().is_empty(),
+    };
+    missing.then(|| {
+        format!(
+            "target topic {topic:?} of job {:?} does not exist; until it does, each run of the \
+             job goes to dead (runbooks/target-dead.md)",
+            def.id
+        )
+    })
 }
 
 fn definition_from_args(a: &PutArgs) -> anyhow::Result<JobDefinition> {

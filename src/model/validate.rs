@@ -137,6 +137,11 @@ pub enum ValidationError {
         topic: String,
         prefix: String,
     },
+    #[error(
+        "kafka target {topic:?} for job {job:?} is an internal Kafka topic (names starting \
+         with `__` are the broker's)"
+    )]
+    InternalTargetTopic { job: String, topic: String },
     #[error("timeout {timeout_ms} ms for job {job:?} is outside 1-{MAX_TIMEOUT_MS} ms")]
     TimeoutOutOfRange { job: String, timeout_ms: u64 },
     #[error("end {} for job {job:?} is not after start {}", iso(.end_ms), iso(.start_ms))]
@@ -328,16 +333,17 @@ fn check_target_topic(def: &JobDefinition, limits: &Limits) -> Result<(), Valida
             topic: topic.into(),
         });
     }
-    // Kafka reads `.` and `_` as one character when it checks for colliding names, so the
-    // prefix is compared in that form too: `tocsin_lane.x` would shadow `tocsin.lane.x`.
-    let kafka_form = |t: &str| t.replace('.', "_");
-    if !limits.topic_prefix.is_empty()
-        && kafka_form(topic).starts_with(&kafka_form(&limits.topic_prefix))
-    {
+    if crate::config::is_tocsin_topic(&limits.topic_prefix, topic) {
         return Err(ValidationError::ReservedTargetTopic {
             job: def.id.clone(),
             topic: topic.into(),
             prefix: limits.topic_prefix.clone(),
+        });
+    }
+    if topic.starts_with("__") {
+        return Err(ValidationError::InternalTargetTopic {
+            job: def.id.clone(),
+            topic: topic.into(),
         });
     }
     if limits.tenant_prefixed_targets && !topic.starts_with(&format!("{}.", def.tenant)) {

@@ -16,15 +16,18 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::deliver::{self, Target, Targets};
 use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::{NodeStatus, NowFn, SchedulerError};
 use crate::codec::{self, Framing};
-use crate::config::Config;
+use crate::config::{Config, KafkaDelivery};
 use crate::kafka::admin::{lane_topic, Admin, AdminError};
-use crate::model::job::JobDefinition;
-use crate::model::records::{run_id, ControlRecord, Run, RunEvent, RunEventKind, TimerState};
+use crate::model::job::{HandlerKind, JobDefinition};
+use crate::model::records::{
+    run_id, ControlRecord, DeadLetter, Run, RunEvent, RunEventKind, TimerState,
+};
 use crate::model::schedule::Schedule;
 use crate::model::validate::{validate, Limits};
 
@@ -94,9 +97,13 @@ fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 #[derive(Default)]
 struct DeliveryContext {
     timers_topic: String,
+    /// The fleet's topic prefix: a failed record outside it is a `kafka` job's target record.
+    prefix: String,
     delivered: Mutex<HashMap<i32, i64>>,
     failed: Mutex<Option<String>>,
     refused: Mutex<Vec<(String, String)>>,
+    /// Target records refused for what they are: (topic, job, reason).
+    target_refused: Mutex<Vec<(String, String, String)>>,
 }
 
 impl ClientContext for DeliveryContext {}
@@ -114,7 +121,18 @@ impl ProducerContext for DeliveryContext {
             Ok(_) => {}
             Err((e, m)) => {
                 let reason = format!("delivery to {} failed: {e}", m.topic());
-                if refuses_record(e) {
+                let target = !crate::config::is_tocsin_topic(&self.prefix, m.topic());
+                if target {
+                    if let (KafkaError::MessageProduction(code), Some(key)) = (e, m.key()) {
+                        if deliver::refuses_target(*code) {
+                            self.target_refused.lock().unwrap().push((
+                                m.topic().to_owned(),
+                                String::from_utf8_lossy(key).into_owned(),
+                                format!("target topic {:?} refused the record: {e}", m.topic()),
+                            ));
+                        }
+                    }
+                } else if refuses_record(e) {
                     if let Some(key) = m.key() {
                         let key = String::from_utf8_lossy(key).into_owned();
                         self.refused.lock().unwrap().push((key, reason.clone()));
@@ -146,6 +164,7 @@ struct Topics {
     control: String,
     runs: String,
     rejected: String,
+    dead: String,
 }
 
 pub struct Engine {
@@ -174,6 +193,11 @@ pub struct Engine {
     suspects: HashMap<String, (u32, String)>,
     /// The producer was recreated and its `init_transactions` has not succeeded yet.
     producer_uninitialised: bool,
+    /// Target topics of `kafka` jobs, as the broker's metadata last showed them.
+    targets: Targets,
+    /// Jobs whose target refused a record in the transaction that just failed, with the
+    /// reason: their runs go to `dead` when it is retried. Cleared by each commit.
+    dead_targets: HashMap<String, String>,
 }
 
 /// Changes of one transaction, applied to RocksDB only after it commits.
@@ -210,6 +234,7 @@ impl Engine {
             control: config.topic("control"),
             runs: config.topic("runs"),
             rejected: config.topic("jobs.rejected"),
+            dead: config.topic("dead"),
         };
         let producer = new_producer(&config, &node_id, &topics.timers)?;
 
@@ -256,6 +281,8 @@ impl Engine {
             fenced: HashMap::new(),
             suspects: HashMap::new(),
             producer_uninitialised: false,
+            targets: Targets::default(),
+            dead_targets: HashMap::new(),
         })
     }
 
@@ -264,7 +291,7 @@ impl Engine {
         self.init_transactions(&shutdown)?;
         self.group
             .subscribe(&[&self.topics.jobs, &self.topics.control])?;
-        info!(node = %self.node_id, "scheduler joined the group");
+        info!(node = %self.node_id, kafka_delivery = ?self.config.scheduler.kafka_delivery, "scheduler joined the group");
         let tick = self.config.scheduler.tick_ms as i64;
         let mut next_tick = ((self.now)() / tick + 1) * tick;
         let mut backoff = Duration::from_millis(100);
@@ -867,6 +894,7 @@ impl Engine {
                 for (tp, o) in txn.positions {
                     self.committed.insert(tp, o);
                 }
+                self.dead_targets.clear();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
                 metrics::counter!("tocsin_runs_fired_total").increment(txn.runs);
                 Ok(())
@@ -876,8 +904,17 @@ impl Engine {
                 // outstanding deliveries (it may also replace the producer, and its context).
                 let mut refused =
                     std::mem::take(&mut *self.producer.context().refused.lock().unwrap());
+                let mut targets =
+                    std::mem::take(&mut *self.producer.context().target_refused.lock().unwrap());
                 self.abort();
                 refused.append(&mut self.producer.context().refused.lock().unwrap());
+                targets.append(&mut self.producer.context().target_refused.lock().unwrap());
+                for (topic, job, reason) in targets {
+                    warn!(job = %job, topic = %topic, reason = %reason,
+                        "a target refused a run's record; the run goes to dead on the retry");
+                    self.targets.refused(&topic, reason.clone());
+                    self.dead_targets.insert(job, reason);
+                }
                 for (job, reason) in refused {
                     let entry = self
                         .suspects
@@ -965,6 +1002,7 @@ impl Engine {
         let limits = FireLimits {
             misfire_threshold_ms: self.config.scheduler.misfire_threshold_ms as i64,
             max_runs: self.config.scheduler.max_runs_per_job_per_tick,
+            completes_at_fire: false,
         };
         for e in due {
             let p = e.partition as i32;
@@ -1005,6 +1043,10 @@ impl Engine {
         }
         let Some(schedule) = self.schedule(&state.definition) else {
             return Ok(());
+        };
+        let limits = FireLimits {
+            completes_at_fire: self.delivers(&state.definition),
+            ..limits
         };
         let fired = fire::fire_due(&mut state, &schedule, now, limits);
         for d in &fired.runs {
@@ -1286,9 +1328,14 @@ impl Engine {
         Ok(spec.name)
     }
 
+    /// Whether this node writes `def`'s runs into their target itself (`kafka_delivery`).
+    fn delivers(&self, def: &JobDefinition) -> bool {
+        def.handler.kind == HandlerKind::Kafka
+            && self.config.scheduler.kafka_delivery == KafkaDelivery::Direct
+    }
+
     fn produce_run(&mut self, state: &TimerState, d: &fire::Due, p: i32, now: i64) -> Result<()> {
         let def = &state.definition;
-        let lane = self.ensure_lane(&def.tenant)?;
         let run = Run {
             run_id: run_id(&def.id, d.scheduled_ms),
             job_id: def.id.clone(),
@@ -1302,6 +1349,10 @@ impl Engine {
             retry: def.retry,
             labels: def.labels.clone(),
         };
+        if self.delivers(def) {
+            return self.deliver(state, &run, now);
+        }
+        let lane = self.ensure_lane(&def.tenant)?;
         let bytes = codec::encode(&run, &Framing::SingleObject);
         let headers = OwnedHeaders::new_with_capacity(6)
             .insert(h("tocsin-run-id", run.run_id.as_bytes()))
@@ -1329,6 +1380,72 @@ impl Engine {
             now,
             &self.node_id,
         );
+        self.produce_event(&event)
+    }
+
+    /// Writes a `kafka` job's run into its target topic, in this transaction, with its
+    /// `succeeded` event; or, when the target is missing or refuses it, the run's dead letter
+    /// and `dead` event. Either way the run is over when the transaction commits.
+    fn deliver(&mut self, state: &TimerState, run: &Run, now: i64) -> Result<()> {
+        let topic = run.handler.target.as_str();
+        let refused = match self.dead_targets.get(&run.job_id) {
+            Some(reason) => Some(reason.clone()),
+            None if self.config.is_own_topic(topic) || topic.starts_with("__") => Some(format!(
+                "target topic {topic:?} is one of Tocsin's own or an internal topic"
+            )),
+            None => match self.targets.lookup(self.producer.client(), topic)? {
+                Target::Refused(reason) => Some(reason),
+                Target::Writable => {
+                    let record = BaseRecord::to(topic)
+                        .key(run.job_id.as_bytes())
+                        .payload(&run.handler.payload)
+                        .headers(deliver::headers(run));
+                    match self.producer.send(record) {
+                        Ok(()) => None,
+                        Err((KafkaError::MessageProduction(code), _))
+                            if deliver::refuses_target(code) =>
+                        {
+                            let reason =
+                                format!("target topic {topic:?} refused the record: {code}");
+                            self.targets.refused(topic, reason.clone());
+                            Some(reason)
+                        }
+                        Err((e, _)) => return Err(e.into()),
+                    }
+                }
+            },
+        };
+        let kind = if refused.is_some() {
+            RunEventKind::Dead
+        } else {
+            RunEventKind::Succeeded
+        };
+        let mut event = run_event(
+            state,
+            run.scheduled_ms,
+            run.attempt,
+            kind,
+            now,
+            &self.node_id,
+        );
+        if let Some(error) = refused {
+            warn!(job = %run.job_id, run = %run.run_id, error = %error, "run sent to dead");
+            metrics::counter!("tocsin_runs_dead_total", "reason" => "target").increment(1);
+            let dead = DeadLetter {
+                run: run.clone(),
+                error: error.clone(),
+                attempts: run.attempt,
+                at_ms: now,
+            };
+            let bytes = codec::encode(&dead, &Framing::SingleObject);
+            let record = BaseRecord::to(&self.topics.dead)
+                .key(run.run_id.as_bytes())
+                .payload(&bytes);
+            self.producer.send(record).map_err(|(e, _)| e)?;
+            event.error = Some(error);
+        } else {
+            metrics::counter!("tocsin_runs_delivered_total").increment(1);
+        }
         self.produce_event(&event)
     }
 
@@ -1543,8 +1660,12 @@ fn new_producer(
     );
     c.set("queue.buffering.max.messages", "2000000");
     c.set("queue.buffering.max.kbytes", "2097151");
+    // A `kafka` job's missing target must not be created by a produce to it (the broker's
+    // `auto.create.topics.enable` is on by default): it sends the run to `dead`.
+    c.set("allow.auto.create.topics", "false");
     let ctx = DeliveryContext {
         timers_topic: timers_topic.to_owned(),
+        prefix: config.topic_prefix.clone(),
         ..DeliveryContext::default()
     };
     Ok(c.create_with_context(ctx)?)

@@ -13,6 +13,9 @@ pub struct FireLimits {
     pub misfire_threshold_ms: i64,
     /// Runs one timer may emit in one pass (a bound on catch-up work per tick).
     pub max_runs: usize,
+    /// The runs complete in the transaction that fires them (a `kafka` job delivered by the
+    /// scheduler), so none is ever in flight for the overlap policy.
+    pub completes_at_fire: bool,
 }
 
 /// A run to produce.
@@ -240,11 +243,23 @@ pub fn fire_due(
             );
             out.missed += m.missed;
             for instant in m.fire {
-                schedule_fire(state, instant, FireReason::CatchUp, &mut out);
+                schedule_fire(
+                    state,
+                    instant,
+                    FireReason::CatchUp,
+                    limits.completes_at_fire,
+                    &mut out,
+                );
             }
             state.next_fire_ms = m.next_ms;
         } else {
-            schedule_fire(state, next, FireReason::Schedule, &mut out);
+            schedule_fire(
+                state,
+                next,
+                FireReason::Schedule,
+                limits.completes_at_fire,
+                &mut out,
+            );
             state.next_fire_ms = schedule.next_after(next);
         }
         if let Some(max) = state.definition.max_fires {
@@ -256,7 +271,13 @@ pub fn fire_due(
     out
 }
 
-fn schedule_fire(state: &mut TimerState, scheduled_ms: i64, reason: FireReason, out: &mut Fired) {
+fn schedule_fire(
+    state: &mut TimerState,
+    scheduled_ms: i64,
+    reason: FireReason,
+    completes_at_fire: bool,
+    out: &mut Fired,
+) {
     if let Some(max) = state.definition.max_fires {
         if state.fires >= max {
             return;
@@ -279,7 +300,7 @@ fn schedule_fire(state: &mut TimerState, scheduled_ms: i64, reason: FireReason, 
     });
     state.fires += 1;
     state.last_scheduled_ms = Some(scheduled_ms);
-    if policy != OverlapPolicy::Allow {
+    if policy != OverlapPolicy::Allow && !completes_at_fire {
         state.in_flight = Some(InFlight {
             run_id: run_id(&state.definition.id, scheduled_ms),
             scheduled_ms,

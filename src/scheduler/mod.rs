@@ -6,6 +6,7 @@
 //! it was not assigned, never apply RocksDB changes of a transaction that did not commit, and
 //! never commit a transaction without the group's fresh metadata (the fence).
 
+mod deliver;
 mod engine;
 
 pub use engine::other_tenants_job;

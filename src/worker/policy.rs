@@ -173,7 +173,6 @@ pub struct Policy {
     http_public: bool,
     http_allow: Vec<HostRule>,
     prefix: String,
-    reserved: Vec<String>,
 }
 
 impl Policy {
@@ -191,10 +190,6 @@ impl Policy {
                 .filter_map(|h| HostRule::parse(h).ok())
                 .collect(),
             prefix: config.topic_prefix.clone(),
-            reserved: ["jobs", "jobs.rejected", "timers", "control", "runs", "dead"]
-                .iter()
-                .map(|t| config.topic(t))
-                .collect(),
         }
     }
 
@@ -242,12 +237,7 @@ impl Policy {
     /// topics by name), nor into Kafka's internal `__` topics.
     pub fn kafka(&self, run: &Run) -> Result<(), String> {
         let topic = &run.handler.target;
-        let tocsin = if self.prefix.is_empty() {
-            self.reserved.contains(topic) || topic.starts_with("lane.")
-        } else {
-            topic.starts_with(&self.prefix)
-        };
-        if tocsin {
+        if crate::config::is_tocsin_topic(&self.prefix, topic) {
             return Err(format!(
                 "refused: kafka target {topic:?} (tenant {:?}) is a Tocsin topic (topic prefix \
                  {:?}: the lanes, jobs, jobs.rejected, timers, control, runs, dead); a handler \

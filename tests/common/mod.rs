@@ -107,6 +107,35 @@ pub fn kafka_classpath() -> String {
     text(&out.stdout).trim().to_owned()
 }
 
+/// The partition Kafka's Java client's default partitioner picks for each key, asked of the
+/// broker's own jars (`tests/java/Murmur2.java`).
+pub fn java_partitions(keys: &[String], partitions: u32) -> Vec<u32> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut java = Command::new("java")
+        .arg("-cp")
+        .arg(kafka_classpath())
+        .arg(repo_root().join("tests/java/Murmur2.java"))
+        .arg(partitions.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("java");
+    {
+        let mut stdin = java.stdin.take().unwrap();
+        for k in keys {
+            writeln!(stdin, "{k}").unwrap();
+        }
+    }
+    let out = java.wait_with_output().unwrap();
+    assert!(out.status.success(), "java failed: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
 /// Reads every partition of `topic` from the beginning to the end a `read_committed` consumer
 /// can reach (each partition has reported its end), then `settle` longer with nothing new, so a
 /// late duplicate would still be seen. Fails loudly after two minutes rather than returning a
@@ -208,10 +237,12 @@ pub mod fleet {
         tocsin::cli::jobs::now_ms()
     }
 
-    /// A job with a `kafka` handler and defaults everywhere else.
+    /// A job whose runs go to its tenant's lane (a `custom` handler, which the tests' workers
+    /// do not register), with defaults everywhere else. A `kafka` job's runs would go to its
+    /// target topic instead: the scheduler delivers those itself (`tests/delivery.rs`).
     pub fn job(id: &str, tenant: &str, schedule: ScheduleSpec) -> JobDefinition {
         let handler = HandlerSpec {
-            kind: HandlerKind::Kafka,
+            kind: HandlerKind::Custom,
             target: "out".into(),
             payload: b"hello".to_vec(),
             headers: Default::default(),
@@ -222,6 +253,20 @@ pub mod fleet {
             timeout_ms: 60_000,
             ..JobDefinition::new(id, tenant, schedule, handler)
         }
+    }
+
+    /// `len` bytes of noise that compression cannot shrink (so a size the broker checks stays
+    /// the size written).
+    pub fn noise(len: usize) -> Vec<u8> {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
     }
 
     pub fn every(ms: u64) -> ScheduleSpec {
@@ -291,6 +336,16 @@ pub mod fleet {
     impl Node {
         pub fn start(config: &Config, dir: &Path, id: &str) -> Node {
             Node::spawn(config, dir, id, &["scheduler", "--node-id", id])
+        }
+
+        /// A scheduler that owns every partition, once it has activated them all.
+        pub fn start_active(config: &Config, dir: &Path, id: &str) -> Node {
+            let node = Node::start(config, dir, id);
+            let parts = config.topics.job_partitions as usize;
+            wait_watching(Duration::from_secs(60), "the node active", &[&node], || {
+                node.log_text().matches("partition active").count() >= parts
+            });
+            node
         }
 
         /// A worker of `pool` on every lane.
