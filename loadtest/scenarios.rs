@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use tocsin::config::Config;
+use tocsin::config::{Config, KafkaDelivery};
 use tocsin::kafka::admin::{fleet_topics, lane_topic, Admin};
 use tocsin::model::job::{HandlerKind, JobDefinition, ScheduleSpec};
 
@@ -118,32 +118,17 @@ impl<'a> Ctx<'a> {
         config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
         config.scheduler.data_dir = dir.join("data");
+        // Only `delay` delivers `kafka` runs (the lane scenarios' jobs have custom handlers).
+        config.scheduler.kafka_delivery = match args.via {
+            Via::Direct => KafkaDelivery::Direct,
+            Via::Worker => KafkaDelivery::Worker,
+        };
         // Only `delay` starts a worker; its consumer group is the run's own.
         config.worker.data_dir = dir.join("worker-data");
         config.worker.pool = config.topic_prefix.trim_end_matches('.').to_owned();
         config.validate()?;
         let cfg_path = dir.join("tocsin.toml");
-        // The lane scenarios measure the lane path: a scheduler that can deliver `kafka` runs
-        // itself must write them to the lanes instead.
-        let via = if args.scenario == Scenario::Delay {
-            args.via
-        } else {
-            Via::Worker
-        };
-        let mut notes = Vec::new();
-        let text = match with_kafka_delivery(&toml::to_string(&config)?, via)? {
-            Some(text) => text,
-            None if via == Via::Worker => {
-                if args.scenario == Scenario::Delay {
-                    notes.push("this build of tocsin has no scheduler.kafka_delivery: its scheduler delivers kafka runs through a worker only".into());
-                }
-                toml::to_string(&config)?
-            }
-            None => bail!(
-                "this build of tocsin has no scheduler.kafka_delivery (direct delivery); use --via worker"
-            ),
-        };
-        std::fs::write(&cfg_path, text)?;
+        std::fs::write(&cfg_path, toml::to_string(&config)?)?;
 
         let bin = match &args.tocsin_bin {
             Some(b) => b.clone(),
@@ -188,7 +173,7 @@ impl<'a> Ctx<'a> {
             tenants,
             skew,
             session_timeout_ms,
-            notes,
+            notes: Vec::new(),
             events: Vec::new(),
             target: None,
         })
@@ -332,21 +317,6 @@ fn local_broker() -> Result<String> {
         .map(|l| l.trim().to_owned())
         .filter(|l| !l.is_empty())
         .context("scripts/kafka start printed no bootstrap address")
-}
-
-/// `config` (TOML) with `scheduler.kafka_delivery = via`, or `None` when this build of tocsin
-/// does not know that setting (it has no direct delivery; its config refuses unknown keys).
-fn with_kafka_delivery(config: &str, via: Via) -> Result<Option<String>> {
-    let mut table: toml::Table = config.parse()?;
-    let scheduler = table
-        .entry("scheduler")
-        .or_insert_with(|| toml::Table::new().into());
-    scheduler
-        .as_table_mut()
-        .context("[scheduler] is not a table")?
-        .insert("kafka_delivery".into(), via.name().into());
-    let text = toml::to_string(&table)?;
-    Ok(Config::from_toml(&text).is_ok().then_some(text))
 }
 
 /// A setting of the (first) broker, for the report.
