@@ -2,7 +2,7 @@
 //! while the scenario runs, and notes for each run the instant it became visible. Then checks
 //! each expected (job, scheduled instant) was seen exactly once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tocsin::codec;
 use tocsin::config::Config;
@@ -27,7 +27,13 @@ pub struct Obs {
     pub scheduled_ms: i64,
     /// Wall clock when the record came out of `poll`.
     pub seen_ms: i64,
+    /// The record's timestamp: its broker append time on a `LogAppendTime` topic (the delay
+    /// target), the producer's create time on a lane.
+    pub timestamp_ms: i64,
 }
+
+/// Turns a record read at `seen_ms` into the run it holds, or `None` when it is malformed.
+pub type Check = Box<dyn Fn(&BorrowedMessage<'_>, i64) -> Option<Obs> + Send>;
 
 #[derive(Default)]
 struct Shared {
@@ -47,26 +53,44 @@ impl Audit {
     /// Starts reading `lanes` (topics that must exist, each with the one tenant whose runs it
     /// may hold, or `None` for any) from their beginning.
     pub fn start(config: &Config, lanes: &[(String, Option<String>)]) -> Result<Audit> {
+        let topics: Vec<(String, u32)> = lanes
+            .iter()
+            .map(|(t, _)| (t.clone(), config.topics.lane_partitions))
+            .collect();
+        let lanes: HashMap<String, Option<String>> = lanes.iter().cloned().collect();
+        let check: Check = Box::new(move |m, seen_ms| check(m, &lanes, seen_ms));
+        Audit::reading(config, "tocsin-loadtest-audit", &topics, check)
+    }
+
+    /// Starts reading every partition of `topics` (that must exist, with the partition count
+    /// given) from its beginning, as `client_id`, turning each record into a run by `check`.
+    pub fn reading(
+        config: &Config,
+        client_id: &str,
+        topics: &[(String, u32)],
+        check: Check,
+    ) -> Result<Audit> {
         let mut cc = tocsin::kafka::consumer_config(config, "tocsin-loadtest-audit");
-        cc.set("client.id", "tocsin-loadtest-audit");
+        cc.set("client.id", client_id);
         // Low fetch wait: the lag we measure must be the scheduler's, not ours.
         cc.set("fetch.wait.max.ms", "10");
-        let consumer: BaseConsumer = cc.create().context("could not create the audit consumer")?;
+        let consumer: BaseConsumer = cc
+            .create()
+            .with_context(|| format!("could not create the consumer {client_id}"))?;
         let mut tpl = TopicPartitionList::new();
-        for (topic, _) in lanes {
-            for p in 0..config.topics.lane_partitions as i32 {
+        for (topic, partitions) in topics {
+            for p in 0..*partitions as i32 {
                 tpl.add_partition_offset(topic, p, Offset::Beginning)?;
             }
         }
-        let lanes: HashMap<String, Option<String>> = lanes.iter().cloned().collect();
         consumer
             .assign(&tpl)
-            .context("could not assign the lanes to the audit consumer")?;
+            .with_context(|| format!("could not assign {client_id} its topics"))?;
         let shared = Arc::new(Shared::default());
         let s = shared.clone();
         let thread = std::thread::Builder::new()
-            .name("audit".into())
-            .spawn(move || read(consumer, lanes, s))?;
+            .name(client_id.into())
+            .spawn(move || read(consumer, check, s))?;
         Ok(Audit {
             shared,
             thread: Some(thread),
@@ -82,6 +106,17 @@ impl Audit {
             .iter()
             .filter(|o| f(o))
             .count()
+    }
+
+    /// How many distinct (job, scheduled instant) of the runs seen so far satisfy `f`.
+    pub fn distinct(&self, f: impl Fn(&Obs) -> bool) -> usize {
+        let obs = self.shared.obs.lock().unwrap();
+        let runs: HashSet<(u32, i64)> = obs
+            .iter()
+            .filter(|o| f(o))
+            .map(|o| (o.job, o.scheduled_ms))
+            .collect();
+        runs.len()
     }
 
     /// The worst lag (seen − scheduled) of the runs that came out of `poll` in the last
@@ -122,13 +157,13 @@ impl Drop for Audit {
     }
 }
 
-fn read(consumer: BaseConsumer, lanes: HashMap<String, Option<String>>, shared: Arc<Shared>) {
+fn read(consumer: BaseConsumer, check: Check, shared: Arc<Shared>) {
     let mut batch = Vec::with_capacity(4096);
     while !shared.stop.load(Ordering::Relaxed) {
         match consumer.poll(Duration::from_millis(20)) {
             Some(Ok(m)) => {
                 let seen_ms = now_ms();
-                match check(&m, &lanes, seen_ms) {
+                match check(&m, seen_ms) {
                     Some(o) => batch.push(o),
                     None => {
                         shared.malformed.fetch_add(1, Ordering::Relaxed);
@@ -154,15 +189,15 @@ fn read(consumer: BaseConsumer, lanes: HashMap<String, Option<String>>, shared: 
 /// The run a lane record holds, if it is a well-formed run of a loadtest job: the value decodes,
 /// the key is the job id, the headers and the run id agree with the value, and the lane is the
 /// job's tenant's. Tenants are named `t<index>`.
-fn check<M: Message>(m: &M, lanes: &HashMap<String, Option<String>>, seen_ms: i64) -> Option<Obs> {
+fn check(
+    m: &BorrowedMessage<'_>,
+    lanes: &HashMap<String, Option<String>>,
+    seen_ms: i64,
+) -> Option<Obs> {
     let lane_tenant = lanes.get(m.topic())?;
     let run: Run = codec::decode(m.payload()?).ok()?;
-    let header = |name: &str| -> Option<i64> {
-        let h = m.headers()?.iter().find(|h| h.key == name)?;
-        std::str::from_utf8(h.value?).ok()?.parse().ok()
-    };
     let ok = m.key() == Some(run.job_id.as_bytes())
-        && header("tocsin-scheduled-ms") == Some(run.scheduled_ms)
+        && header(m, "tocsin-scheduled-ms").and_then(|v| v.parse().ok()) == Some(run.scheduled_ms)
         && run.run_id == run_id(&run.job_id, run.scheduled_ms)
         && lane_tenant.as_ref().is_none_or(|t| *t == run.tenant);
     if !ok {
@@ -173,7 +208,14 @@ fn check<M: Message>(m: &M, lanes: &HashMap<String, Option<String>>, seen_ms: i6
         tenant: run.tenant.strip_prefix('t')?.parse().ok()?,
         scheduled_ms: run.scheduled_ms,
         seen_ms,
+        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
     })
+}
+
+/// The value of header `name` of `m`, as text.
+pub fn header<'m>(m: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m str> {
+    let h = m.headers()?.iter().find(|h| h.key == name)?;
+    std::str::from_utf8(h.value?).ok()
 }
 
 /// The verdict of the audit over a window of scheduled instants.
@@ -247,6 +289,7 @@ mod tests {
             tenant: 0,
             scheduled_ms,
             seen_ms,
+            timestamp_ms: 0,
         }
     }
 

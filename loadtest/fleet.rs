@@ -1,5 +1,5 @@
-//! Scheduler processes of the real `tocsin` binary: start, signal, stop, and what they say about
-//! themselves (the partitions they activated, from their log; their peak RSS, from /proc).
+//! Scheduler (and worker) processes of the real `tocsin` binary: start, signal, stop, restart,
+//! and what they say about themselves (the partitions they activated, from their log; their peak RSS, from /proc).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -8,48 +8,60 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-/// One `tocsin scheduler` process.
+/// One `tocsin scheduler` (or `tocsin worker`) process.
 pub struct Node {
     pub id: String,
     child: Child,
     log: PathBuf,
     exited: bool,
+    /// How it was started, to start it again the same way.
+    bin: PathBuf,
+    cfg: PathBuf,
+    dir: PathBuf,
+    args: Vec<String>,
+    starts: u32,
 }
 
 impl Node {
     /// Starts `bin --config cfg scheduler --node-id id`, its stderr to `dir/<id>.log`.
     pub fn start(bin: &Path, cfg: &Path, dir: &Path, id: &str) -> Result<Node> {
+        Node::spawn(bin, cfg, dir, id, &["scheduler", "--node-id", id])
+    }
+
+    /// Starts `bin --config cfg worker` of `pool` on every lane, identity (and ledger) `id`.
+    pub fn worker(bin: &Path, cfg: &Path, dir: &Path, id: &str, pool: &str) -> Result<Node> {
+        let args = ["worker", "--pool", pool, "--lanes", "*", "--worker-id", id];
+        Node::spawn(bin, cfg, dir, id, &args)
+    }
+
+    fn spawn(bin: &Path, cfg: &Path, dir: &Path, id: &str, args: &[&str]) -> Result<Node> {
         let log = dir.join(format!("{id}.log"));
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .with_context(|| format!("could not open node log {}", log.display()))?;
-        // TOCSIN_LOADTEST_NODE_LOG overrides the nodes' log filter (e.g. `info,tocsin=debug`
-        // to see each transaction's size and duration); the partition events are info lines.
-        let filter = std::env::var("TOCSIN_LOADTEST_NODE_LOG")
-            .unwrap_or_else(|_| "info,librdkafka=warn".to_owned());
-        let child = Command::new(bin)
-            .env_remove("TOCSIN_CONFIG")
-            .env_remove("TOCSIN_BOOTSTRAP")
-            .env_remove("TOCSIN_TOPIC_PREFIX")
-            .env_remove("TOCSIN_LOG")
-            // Plain log lines: the partition events are parsed below.
-            .env("NO_COLOR", "1")
-            .arg("--config")
-            .arg(cfg)
-            .args(["--log", filter.as_str(), "scheduler", "--node-id", id])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("could not start {}", bin.display()))?;
+        let child = launch(bin, cfg, &log, args)?;
         Ok(Node {
             id: id.to_owned(),
             child,
             log,
             exited: false,
+            bin: bin.to_owned(),
+            cfg: cfg.to_owned(),
+            dir: dir.to_owned(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            starts: 1,
         })
+    }
+
+    /// Starts the process again with the same id, config and data dir (after it died or was
+    /// killed: kills it first otherwise); its log goes to `dir/<id>.<n>.log`, n = 2, 3, …, so
+    /// the partitions it activates are read from its own log.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.starts += 1;
+        let log = self.dir.join(format!("{}.{}.log", self.id, self.starts));
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.child = launch(&self.bin, &self.cfg, &log, &args)?;
+        self.log = log;
+        self.exited = false;
+        Ok(())
     }
 
     pub fn signal(&self, sig: i32) {
@@ -79,7 +91,8 @@ impl Node {
         if let Some(status) = self.child.try_wait()? {
             self.exited = true;
             bail!(
-                "scheduler {} exited unexpectedly with {status}; its log is {}",
+                "{} {} exited unexpectedly with {status}; its log is {}",
+                self.args[0],
                 self.id,
                 self.log.display()
             );
@@ -126,6 +139,35 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `bin --config cfg --log <filter> <args>`, its stderr appended to `log`.
+fn launch(bin: &Path, cfg: &Path, log: &Path, args: &[&str]) -> Result<Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("could not open node log {}", log.display()))?;
+    // TOCSIN_LOADTEST_NODE_LOG overrides the nodes' log filter (e.g. `info,tocsin=debug`
+    // to see each transaction's size and duration); the partition events are info lines.
+    let filter = std::env::var("TOCSIN_LOADTEST_NODE_LOG")
+        .unwrap_or_else(|_| "info,librdkafka=warn".to_owned());
+    Command::new(bin)
+        .env_remove("TOCSIN_CONFIG")
+        .env_remove("TOCSIN_BOOTSTRAP")
+        .env_remove("TOCSIN_TOPIC_PREFIX")
+        .env_remove("TOCSIN_LOG")
+        // Plain log lines: the partition events are parsed below.
+        .env("NO_COLOR", "1")
+        .arg("--config")
+        .arg(cfg)
+        .args(["--log", filter.as_str()])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("could not start {}", bin.display()))
 }
 
 /// A field of /proc/PID/status in kB.

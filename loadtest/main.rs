@@ -15,6 +15,7 @@ mod fleet;
 mod load;
 mod report;
 mod scenarios;
+mod target;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +35,9 @@ pub enum Scenario {
     Capacity,
     /// Raw transactional produce of the records fires write, alone.
     Baseline,
+    /// `--jobs` one-shot `kafka` jobs due in the same second, delivered to one target topic:
+    /// what a consumer of delayed messages sees.
+    Delay,
 }
 
 impl Scenario {
@@ -44,6 +48,7 @@ impl Scenario {
             Scenario::Failover => "failover",
             Scenario::Capacity => "capacity",
             Scenario::Baseline => "baseline",
+            Scenario::Delay => "delay",
         }
     }
 }
@@ -62,6 +67,23 @@ pub enum KillMode {
     Kill,
     /// SIGSTOP, then SIGCONT after `--stop-for-s`: a zombie that must be fenced.
     Stop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Via {
+    /// The scheduler writes the payload to the target in its firing transaction.
+    Direct,
+    /// The scheduler writes a lane record; a `tocsin worker` delivers it (at-least-once).
+    Worker,
+}
+
+impl Via {
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Direct => "direct",
+            Via::Worker => "worker",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -128,8 +150,8 @@ pub struct Args {
     /// Length of the measured window [default: 30; capacity 10].
     #[arg(long)]
     pub duration_s: Option<u64>,
-    /// Job count: herd runs [300000], capacity timers [1000000], steady/failover/baseline
-    /// override of rate × period.
+    /// Job count: herd runs [300000], delay messages [100000], capacity timers [1000000],
+    /// steady/failover/baseline override of rate × period.
     #[arg(long)]
     pub jobs: Option<u64>,
     /// Tenants (one lane topic each).
@@ -158,6 +180,16 @@ pub struct Args {
     /// Capacity: jobs that fire every second, to check the restored node fires.
     #[arg(long, default_value_t = 100)]
     pub probes: u64,
+    /// Delay: who writes the payload to the target topic (`scheduler.kafka_delivery`).
+    #[arg(long, value_enum, default_value_t = Via::Direct)]
+    pub via: Via,
+    /// Delay: partitions of the target topic.
+    #[arg(long, default_value_t = 16)]
+    pub target_partitions: u32,
+    /// Delay: `kill -9` at the due instant + this many ms, of scheduler node n1 (direct) or
+    /// of the worker (worker); a single node and the worker are restarted at once.
+    #[arg(long, allow_hyphen_values = true)]
+    pub kill_at_ms: Option<i64>,
 }
 
 pub fn now_ms() -> i64 {

@@ -60,6 +60,13 @@ pub struct Settings {
     pub settle_s: Option<f64>,
     /// The broker's `group.consumer.session.timeout.ms` (the bound of a takeover).
     pub session_timeout_ms: Option<i64>,
+    /// Delay: who wrote the payloads to the target (`direct`: the scheduler, `worker`).
+    pub via: Option<String>,
+    /// Delay: the target topic and its partitions.
+    pub target_topic: Option<String>,
+    pub target_partitions: Option<u32>,
+    /// Delay: `kill -9` at the due instant + this many ms.
+    pub kill_at_ms: Option<i64>,
     pub cpus: usize,
     pub release_build: bool,
 }
@@ -82,8 +89,12 @@ pub struct Report {
     /// Raw transactional produce of the same records, fires per second.
     pub baseline_per_s: Option<f64>,
     pub ratio_to_baseline: Option<f64>,
-    /// From the scheduled instant to visibility at a `read_committed` consumer.
+    /// From the scheduled instant to visibility at a `read_committed` consumer (delay: of
+    /// the target's records).
     pub lag_ms: Option<Lag>,
+    /// Delay: from the due instant to each record's append time on the target (its broker
+    /// `LogAppendTime` timestamp).
+    pub append_lag_ms: Option<Lag>,
     pub per_tenant_lag_p99_ms: BTreeMap<String, i64>,
     pub expected: u64,
     pub lost: u64,
@@ -92,11 +103,11 @@ pub struct Report {
     pub unexpected: u64,
     /// Lane records that are not well-formed runs.
     pub malformed: u64,
-    /// Herd: from the herd instant to the last run visible.
+    /// Herd, delay: from the due instant to the last run (record) visible.
     pub drain_s: Option<f64>,
-    /// Herd: per tenant, from the herd instant to its last run visible.
+    /// Herd, delay: per tenant, from the due instant to its last run visible.
     pub per_tenant_drain_s: BTreeMap<String, f64>,
-    /// Failover: the worst lag of a run (the takeover included).
+    /// Failover, delay with a kill: the worst lag of a run (the takeover included).
     pub max_lateness_ms: Option<i64>,
     /// The highest peak RSS (VmHWM) of a scheduler node.
     pub max_rss_mb: Option<f64>,
@@ -128,6 +139,16 @@ impl Report {
             ("jobs", self.jobs.to_string()),
             ("nodes", self.nodes.to_string()),
             (
+                "delivered via",
+                match (&self.settings.via, &self.settings.target_topic) {
+                    (Some(via), Some(t)) => format!(
+                        "{via} to {t} ({} partitions)",
+                        opt(self.settings.target_partitions)
+                    ),
+                    _ => "-".into(),
+                },
+            ),
+            (
                 "fires (expected)",
                 format!("{} ({})", self.fires, self.expected),
             ),
@@ -135,14 +156,13 @@ impl Report {
             ("baseline fires/s", opt(f1(self.baseline_per_s))),
             ("ratio to baseline", opt(f2(self.ratio_to_baseline))),
         ];
-        if let Some(l) = self.lag_ms {
-            rows.push((
-                "lag ms p50/p99/p99.9/max",
-                format!("{} / {} / {} / {}", l.p50, l.p99, l.p999, l.max),
-            ));
-        } else {
-            rows.push(("lag ms p50/p99/p99.9/max", "-".into()));
-        }
+        let lag = |l: Option<Lag>| {
+            l.map_or("-".into(), |l| {
+                format!("{} / {} / {} / {}", l.p50, l.p99, l.p999, l.max)
+            })
+        };
+        rows.push(("lag ms p50/p99/p99.9/max", lag(self.lag_ms)));
+        rows.push(("append lag ms p50/p99/p99.9/max", lag(self.append_lag_ms)));
         for (t, p99) in &self.per_tenant_lag_p99_ms {
             let drain = self
                 .per_tenant_drain_s

@@ -6,21 +6,23 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use tocsin::config::Config;
+use tocsin::config::{Config, KafkaDelivery};
 use tocsin::kafka::admin::{fleet_topics, lane_topic, Admin};
-use tocsin::model::job::{JobDefinition, ScheduleSpec};
+use tocsin::model::job::{HandlerKind, JobDefinition, ScheduleSpec};
 
-use crate::audit::{verdict, Audit, Verdict};
+use crate::audit::{verdict, Audit, Obs, Verdict};
 use crate::chart::{Chart, Series};
 use crate::fleet::{wait_all_active, Node};
 use crate::load::{job, put_jobs, wait_indexed};
 use crate::report::{Event, Lag, Report, Settings};
-use crate::{now_ms, Align, Args, KillMode, Scenario};
+use crate::target::{self, Expect};
+use crate::{now_ms, Align, Args, KillMode, Scenario, Via};
 
 /// Everything a scenario shares.
 struct Ctx<'a> {
@@ -35,6 +37,8 @@ struct Ctx<'a> {
     session_timeout_ms: Option<i64>,
     notes: Vec<String>,
     events: Vec<Event>,
+    /// Delay: the target topic, outside the prefix (deleted with the run's topics).
+    target: Option<String>,
 }
 
 pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
@@ -44,6 +48,7 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
         Scenario::Herd => herd(&mut ctx),
         Scenario::Capacity => capacity(&mut ctx),
         Scenario::Baseline => baseline_only(&mut ctx),
+        Scenario::Delay => delay(&mut ctx),
     };
     match &result {
         Ok((r, _)) if r.audit_passed() && !args.keep && args.work_dir.is_none() => {
@@ -61,6 +66,12 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
             Ok(d) => tracing::info!(prefix = %prefix, topics = d.len(), "run's topics deleted"),
             Err(e) => {
                 tracing::warn!(prefix = %prefix, error = %e, "could not delete the run's topics")
+            }
+        }
+        if let Some(t) = &ctx.target {
+            match ctx.rt.block_on(target::delete(&ctx.config, t)) {
+                Ok(()) => tracing::info!(topic = %t, "target topic deleted"),
+                Err(e) => tracing::warn!(topic = %t, error = %e, "could not delete the target"),
             }
         }
     }
@@ -107,6 +118,14 @@ impl<'a> Ctx<'a> {
         config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
         config.scheduler.data_dir = dir.join("data");
+        // Only `delay` delivers `kafka` runs (the lane scenarios' jobs have custom handlers).
+        config.scheduler.kafka_delivery = match args.via {
+            Via::Direct => KafkaDelivery::Direct,
+            Via::Worker => KafkaDelivery::Worker,
+        };
+        // Only `delay` starts a worker; its consumer group is the run's own.
+        config.worker.data_dir = dir.join("worker-data");
+        config.worker.pool = config.topic_prefix.trim_end_matches('.').to_owned();
         config.validate()?;
         let cfg_path = dir.join("tocsin.toml");
         std::fs::write(&cfg_path, toml::to_string(&config)?)?;
@@ -156,7 +175,18 @@ impl<'a> Ctx<'a> {
             session_timeout_ms,
             notes: Vec::new(),
             events: Vec::new(),
+            target: None,
         })
+    }
+
+    /// Notes in the report when indexing ended less than 500 ms before the due instant `at`.
+    fn note_late_index(&mut self, indexed_ms: i64, at: i64) {
+        if indexed_ms > at - 500 {
+            self.notes.push(format!(
+                "indexing ended {} ms before the due instant: the lag includes indexing",
+                at - indexed_ms
+            ));
+        }
     }
 
     fn tenant_of(&self, i: u64) -> usize {
@@ -236,6 +266,10 @@ impl<'a> Ctx<'a> {
             kill_at_s: None,
             settle_s: None,
             session_timeout_ms: self.session_timeout_ms,
+            via: None,
+            target_topic: None,
+            target_partitions: None,
+            kill_at_ms: None,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             release_build: !cfg!(debug_assertions),
         }
@@ -363,8 +397,10 @@ fn wait_visible(
     let started = Instant::now();
     loop {
         audit.check()?;
-        let got = audit.count(|o| o.scheduled_ms >= from && o.scheduled_ms < to) as u64;
-        if got >= want {
+        let in_window = |o: &Obs| o.scheduled_ms >= from && o.scheduled_ms < to;
+        let got = audit.count(in_window) as u64;
+        // Duplicates count in `got`: every expected run has been seen once the distinct do.
+        if got >= want && audit.distinct(in_window) as u64 >= want {
             break;
         }
         if started.elapsed() > limit {
@@ -463,6 +499,7 @@ fn report(
         baseline_per_s: None,
         ratio_to_baseline: None,
         lag_ms: lag,
+        append_lag_ms: None,
         per_tenant_lag_p99_ms: per_tenant,
         expected: v.expected,
         lost: v.lost,
@@ -680,12 +717,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         )
     };
     let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
-    if indexed_ms > at - 500 {
-        ctx.notes.push(format!(
-            "indexing ended {} ms before the herd instant: the lag includes indexing",
-            at - indexed_ms
-        ));
-    }
+    ctx.note_late_index(indexed_ms, at);
     sleep_until(at, &mut nodes, &audit)?;
     wait_visible(
         &audit,
@@ -709,15 +741,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         malformed,
         ctx.settings(None, None, None),
     );
-    let last = v.firsts.iter().map(|o| o.seen_ms).max();
-    r.drain_s = last.map(|l| (l - at) as f64 / 1000.0);
-    for o in &v.firsts {
-        let t = ctx.tenants[o.tenant as usize].clone();
-        let d = (o.seen_ms - at) as f64 / 1000.0;
-        let e = r.per_tenant_drain_s.entry(t).or_insert(d);
-        *e = e.max(d);
-    }
-    r.fires_per_s = r.drain_s.filter(|d| *d > 0.0).map(|d| v.fires as f64 / d);
+    drains(&mut r, &v, at, &ctx.tenants);
     r.baseline_per_s = baseline;
     r.ratio_to_baseline = r.fires_per_s.zip(baseline).map(|(f, b)| f / b);
     r.max_rss_mb = rss;
@@ -732,22 +756,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         .into_iter()
         .enumerate()
         .filter(|(_, l)| !l.is_empty())
-        .map(|(t, mut l)| {
-            l.sort_unstable();
-            let n = l.len() as f64;
-            let step = (l.len() / 400).max(1);
-            let mut points: Vec<(f64, f64)> = l
-                .iter()
-                .enumerate()
-                .step_by(step)
-                .map(|(k, ms)| (*ms as f64 / 1000.0, (k + 1) as f64 * 100.0 / n))
-                .collect();
-            points.push((*l.last().unwrap() as f64 / 1000.0, 100.0));
-            Series {
-                name: format!("{} ({} runs)", ctx.tenants[t], l.len()),
-                points,
-            }
-        })
+        .map(|(t, l)| share_series(format!("{} ({} runs)", ctx.tenants[t], l.len()), l))
         .collect();
     let chart = Chart {
         title: format!(
@@ -757,6 +766,156 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         y_label: "% of its runs visible, per tenant".into(),
         series,
         marks: Vec::new(),
+    };
+    Ok((r, Some(chart)))
+}
+
+/// The share of `lags` (ms after an instant; not empty) reached over time, in %.
+fn share_series(name: String, mut lags: Vec<i64>) -> Series {
+    lags.sort_unstable();
+    let n = lags.len() as f64;
+    let step = (lags.len() / 400).max(1);
+    let mut points: Vec<(f64, f64)> = lags
+        .iter()
+        .enumerate()
+        .step_by(step)
+        .map(|(k, ms)| (*ms as f64 / 1000.0, (k + 1) as f64 * 100.0 / n))
+        .collect();
+    points.push((*lags.last().unwrap() as f64 / 1000.0, 100.0));
+    Series { name, points }
+}
+
+/// `drain_s` (from `at` to the last first sighting), per tenant, and fires / `drain_s`.
+fn drains(r: &mut Report, v: &Verdict, at: i64, tenants: &[String]) {
+    let last = v.firsts.iter().map(|o| o.seen_ms).max();
+    r.drain_s = last.map(|l| (l - at) as f64 / 1000.0);
+    for o in &v.firsts {
+        let t = tenants[o.tenant as usize].clone();
+        let d = (o.seen_ms - at) as f64 / 1000.0;
+        let e = r.per_tenant_drain_s.entry(t).or_insert(d);
+        *e = e.max(d);
+    }
+    r.fires_per_s = r.drain_s.filter(|d| *d > 0.0).map(|d| v.fires as f64 / d);
+}
+
+/// `delay`: `--jobs` delayed messages due at the same second, as their consumer sees them.
+fn delay(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
+    let a = ctx.args;
+    let jobs = a.jobs.unwrap_or(100_000).max(1);
+    let n_nodes = a.nodes.unwrap_or(1);
+    let payload = a.payload_bytes;
+    let via = a.via;
+    let topic = target::name(&ctx.config);
+    ctx.target = Some(topic.clone());
+    ctx.rt
+        .block_on(target::create(&ctx.config, &topic, a.target_partitions))?;
+    tracing::info!(topic = %topic, partitions = a.target_partitions, "target topic ready");
+    let tenant_names = ctx.tenants.clone();
+    let tenant_of: Vec<usize> = (0..jobs).map(|i| ctx.tenant_of(i)).collect();
+
+    let mut procs = ctx.start_nodes(n_nodes)?;
+    if via == Via::Worker {
+        let pool = &ctx.config.worker.pool;
+        procs.push(Node::worker(&ctx.bin, &ctx.cfg_path, &ctx.dir, "w1", pool)?);
+    }
+    // Far enough ahead that every definition is indexed before the jobs fall due.
+    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 20);
+    let expect = Expect {
+        at_ms: at,
+        payload_bytes: payload,
+        scheduled_header: via == Via::Direct,
+        tenant_of: Arc::new(tenant_of.iter().map(|t| *t as u16).collect()),
+    };
+    let audit = target::audit(&ctx.config, &topic, a.target_partitions, expect)?;
+    let make = |i: u64| {
+        let mut j = job(
+            i,
+            &tenant_names[tenant_of[i as usize]],
+            ScheduleSpec::Once { at_ms: at },
+            payload,
+        );
+        j.handler.kind = HandlerKind::Kafka;
+        j.handler.target = topic.clone();
+        j
+    };
+    let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
+    ctx.note_late_index(indexed_ms, at);
+
+    let mut marks = Vec::new();
+    if let Some(k) = a.kill_at_ms {
+        sleep_until(at + k, &mut procs, &audit)?;
+        // The worker is the last process; the scheduler victim is n1.
+        let victim = if via == Via::Worker {
+            procs.len() - 1
+        } else {
+            0
+        };
+        let v = &mut procs[victim];
+        v.kill();
+        let killed = now_ms();
+        tracing::info!(process = %v.id, "killed");
+        ctx.events.push(Event {
+            what: format!("kill -9 {}", v.id),
+            at_ms: killed - at,
+        });
+        marks.push(((killed - at) as f64 / 1000.0, format!("kill -9 {}", v.id)));
+        // With other nodes, they take over; a lone node or the worker starts again.
+        if via == Via::Worker || n_nodes == 1 {
+            v.restart()?;
+            ctx.events.push(Event {
+                what: format!("restarted {}", v.id),
+                at_ms: now_ms() - at,
+            });
+        }
+    }
+    sleep_until(at, &mut procs, &audit)?;
+    // A takeover waits for the dead member's session to end; a late duplicate must be seen.
+    let session = Duration::from_millis(ctx.session_timeout_ms.unwrap_or(45_000).max(0) as u64);
+    let quiet = Duration::from_secs(if a.kill_at_ms.is_some() { 12 } else { 3 });
+    wait_visible(
+        &audit,
+        jobs,
+        at,
+        at + 1,
+        Duration::from_secs(120) + session,
+        quiet,
+    )?;
+    let rss = peak_rss(&procs[..n_nodes]);
+    stop_all(&mut procs)?;
+    let (obs, malformed) = audit.finish()?;
+    let expected = |_: u32, out: &mut Vec<i64>| out.push(at);
+    let v = verdict(&obs, 0..jobs as u32, &expected, at, at + 1);
+
+    let mut settings = ctx.settings(None, None, None);
+    settings.via = Some(via.name().into());
+    settings.target_topic = Some(topic.clone());
+    settings.target_partitions = Some(a.target_partitions);
+    settings.kill_at_ms = a.kill_at_ms;
+    let mut r = report(ctx, jobs, n_nodes, &v, malformed, settings);
+    drains(&mut r, &v, at, &ctx.tenants);
+    let mut appended: Vec<i64> = v.firsts.iter().map(|o| o.timestamp_ms - at).collect();
+    r.append_lag_ms = Lag::of(&mut appended);
+    if a.kill_at_ms.is_some() {
+        r.max_lateness_ms = r.lag_ms.map(|l| l.max);
+    }
+    r.max_rss_mb = rss;
+    r.ingest_per_s = Some(ingest);
+
+    let visible: Vec<i64> = v.firsts.iter().map(|o| o.seen_ms - at).collect();
+    let series = [("appended", appended), ("visible", visible)]
+        .into_iter()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(what, l)| share_series(format!("{what} ({} records)", l.len()), l))
+        .collect();
+    let chart = Chart {
+        title: format!(
+            "delay: {jobs} messages due at once, delivered via {} on {n_nodes} node(s)",
+            via.name()
+        ),
+        x_label: "s after the due instant".into(),
+        y_label: "% of the messages".into(),
+        series,
+        marks,
     };
     Ok((r, Some(chart)))
 }

@@ -22,10 +22,12 @@ const FIELDS: &[&str] = &[
     "baseline_per_s",
     "ratio_to_baseline",
     "lag_ms",
+    "append_lag_ms",
     "per_tenant_lag_p99_ms",
     "lost",
     "duplicates",
     "drain_s",
+    "per_tenant_drain_s",
     "max_lateness_ms",
     "max_rss_mb",
     "restore_s",
@@ -80,6 +82,12 @@ fn run(scenario: &str, extra: &[&str], measured: &[&str]) -> Value {
         assert!(
             json.get(*f).is_some(),
             "report of {scenario} lacks {f}: {json:#}"
+        );
+    }
+    for f in ["via", "target_topic", "target_partitions", "kill_at_ms"] {
+        assert!(
+            json["settings"].get(f).is_some(),
+            "report of {scenario} lacks settings.{f}: {json:#}"
         );
     }
     for f in measured {
@@ -224,4 +232,46 @@ fn baseline_smoke() {
         &["--baseline-fires", "3000", "--jobs", "500"],
         &["baseline_per_s", "fires_per_s"],
     );
+}
+
+/// 2,000 delayed messages due at once, delivered by the scheduler itself (needs direct delivery).
+#[test]
+fn delay_smoke() {
+    delay(&["--via", "direct"]);
+}
+
+/// The same, delivered by a worker from the lanes (the old path).
+#[test]
+fn delay_worker_smoke() {
+    delay(&["--via", "worker"]);
+}
+
+fn delay(via: &[&str]) {
+    let r = run(
+        "delay",
+        &[&["--jobs", "2000", "--target-partitions", "4"], via].concat(),
+        &[
+            "fires_per_s",
+            "lag_ms",
+            "append_lag_ms",
+            "drain_s",
+            "max_rss_mb",
+            "ingest_per_s",
+        ],
+    );
+    assert_eq!(r["expected"], 2000);
+    assert_eq!(r["unexpected"], 0, "{r:#}");
+    assert_eq!(r["settings"]["via"], via[1]);
+    assert_eq!(r["settings"]["target_partitions"], 4);
+    assert!(r["settings"]["target_topic"]
+        .as_str()
+        .unwrap()
+        .ends_with("-target"));
+    for k in ["p50", "p99", "max"] {
+        assert!(
+            r["append_lag_ms"][k].is_i64(),
+            "append_lag_ms.{k} missing: {r:#}"
+        );
+    }
+    assert_eq!(r["per_tenant_drain_s"].as_object().unwrap().len(), 3);
 }
