@@ -139,7 +139,7 @@ pub struct Args {
     #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.transaction_timeout_ms)]
     pub transaction_timeout_ms: u64,
     /// `scheduler.max_runs_per_transaction` of the nodes (and of the baseline).
-    #[arg(long, default_value_t = 20000)]
+    #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.max_runs_per_transaction)]
     pub max_runs_per_transaction: usize,
     /// Steady, failover: runs due per second.
     #[arg(long, default_value_t = 10_000)]

@@ -707,7 +707,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let audit = Audit::start(&ctx.config, &ctx.lanes())?;
     let mut nodes = ctx.start_nodes(n_nodes)?;
     // Far enough ahead that every definition is indexed before the herd falls due.
-    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 20);
+    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 10);
     let make = |i: u64| {
         job(
             i,
@@ -819,7 +819,7 @@ fn delay(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         procs.push(Node::worker(&ctx.bin, &ctx.cfg_path, &ctx.dir, "w1", pool)?);
     }
     // Far enough ahead that every definition is indexed before the jobs fall due.
-    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 20);
+    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 10);
     let expect = Expect {
         at_ms: at,
         payload_bytes: payload,

@@ -909,6 +909,9 @@ impl Engine {
                 self.abort();
                 refused.append(&mut self.producer.context().refused.lock().unwrap());
                 targets.append(&mut self.producer.context().target_refused.lock().unwrap());
+                // Every target is looked up again: one deleted since it was cached would hold
+                // its records until they time out, and fail every retry the same way.
+                self.targets = Targets::default();
                 for (topic, job, reason) in targets {
                     warn!(job = %job, topic = %topic, reason = %reason,
                         "a target refused a run's record; the run goes to dead on the retry");

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, DB};
+use rocksdb::{
+    ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch, DB,
+};
 
 use crate::codec::{self, Framing};
 use crate::model::records::TimerState;
@@ -140,8 +142,17 @@ impl Store {
     ) -> Result<()> {
         let floor = self.floor(partition);
         let start = due_key(partition, floor, "");
-        let iter = self.db.iterator_cf(
+        // Bounded to the partition: past its last key the iterator would otherwise skip every
+        // deleted key of the partitions after it before it reaches a live one. After a herd
+        // (each fired one-shot leaves a deleted index key) that made each partition's scan
+        // cost all partitions' deletions: 19.5 s for a 300,000-run herd at 1024 partitions.
+        let mut options = ReadOptions::default();
+        if partition < u16::MAX {
+            options.set_iterate_upper_bound((partition + 1).to_be_bytes().to_vec());
+        }
+        let iter = self.db.iterator_cf_opt(
             self.cf(CF_DUE),
+            options,
             IteratorMode::From(&start, Direction::Forward),
         );
         let mut first_live = None;
@@ -399,6 +410,40 @@ mod tests {
         assert_eq!(due(&store, 10_000), vec![]);
         move_timer(&store, "d", None, 700);
         assert_eq!(due(&store, 10_000), vec![("d".into(), 700)]);
+    }
+
+    /// A partition emptied by a herd (all its one-shots fired and deleted) reads as empty, and
+    /// the partitions around it keep theirs: the scan stays within its partition.
+    #[test]
+    fn due_scan_of_an_emptied_partition_stays_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut b = store.batch();
+        for p in 0..4u16 {
+            for i in 0..100 {
+                let t = timer(&format!("j{p}-{i}"), 1_000);
+                b.put_timer(&store, p, &t, &encode_timer(&t), None, Some(1_000));
+            }
+        }
+        store.write(b).unwrap();
+        let scan = |p: u16| {
+            let mut out = Vec::new();
+            store.due(p, 2_000, 1_000, &mut out).unwrap();
+            out.len()
+        };
+        assert_eq!((scan(1), scan(2)), (100, 100));
+        let mut b = store.batch();
+        for p in 1..3u16 {
+            for i in 0..100 {
+                b.delete_timer(&store, p, &format!("j{p}-{i}"), Some(1_000));
+            }
+        }
+        store.write(b).unwrap();
+        assert_eq!([scan(0), scan(1), scan(2), scan(3)], [100, 0, 0, 100]);
+        assert_eq!(store.floor(1), i64::MAX);
+        let mut out = Vec::new();
+        store.due(u16::MAX, 2_000, 1_000, &mut out).unwrap();
+        assert!(out.is_empty());
     }
 
     #[test]
