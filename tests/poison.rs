@@ -98,7 +98,7 @@ fn assert_every_second(config: &Config, good: &str, until_ms: i64) {
 
 /// Starts a node with a good job firing every second on partition 0, runs `bad` (which writes
 /// the bad records), lets the node go on for a few seconds, and checks the good job's seconds.
-async fn with_good_job_firing<F, Fut>(test: &str, bad: F) -> (Config, tempfile::TempDir)
+async fn with_good_job_firing<F, Fut>(test: &str, bad: F) -> (Config, TestDir)
 where
     F: FnOnce(Config) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -118,7 +118,7 @@ where
 }
 
 /// As `with_good_job_firing`, without requiring that no step failed; returns the node's log.
-async fn good_job_beside<F, Fut>(test: &str, bad: F) -> (Config, tempfile::TempDir, String)
+async fn good_job_beside<F, Fut>(test: &str, bad: F) -> (Config, TestDir, String)
 where
     F: FnOnce(Config) -> Fut,
     Fut: std::future::Future<Output = ()>,

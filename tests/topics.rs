@@ -47,6 +47,7 @@ async fn ensure_creates_the_default_topics_once() {
         topic_prefix: unique_prefix("ensure"),
         ..Config::default()
     };
+    let _topics = TopicsGuard::new(&config);
     let out = run_tocsin(&config, &["topics", "ensure"]);
     assert!(
         out.status.success(),
@@ -99,6 +100,7 @@ async fn ensure_creates_the_default_topics_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ensure_refuses_a_jobs_topic_with_other_settings() {
     let config = test_config("mismatch");
+    let _topics = TopicsGuard::new(&config);
     let admin = admin(&config.bootstrap);
     let jobs = config.topic("jobs");
     let topic = NewTopic::new(&jobs, 8, TopicReplication::Fixed(1)).set("cleanup.policy", "delete");
@@ -138,6 +140,7 @@ async fn ensure_refuses_a_jobs_topic_with_other_settings() {
 #[tokio::test(flavor = "multi_thread")]
 async fn producer_places_keys_where_kafkas_java_client_does() {
     let mut config = test_config("partitioner");
+    let _topics = TopicsGuard::new(&config);
     config.topics.job_partitions = 1024;
     let partitions = 1024u32;
     let topic = config.topic("jobs");

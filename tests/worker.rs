@@ -40,7 +40,7 @@ fn once_at(j: &JobDefinition) -> i64 {
 }
 
 /// `setup`, with exec enabled for `/bin/sh` (exec is off by default).
-async fn setup_exec(test: &str) -> (tocsin::config::Config, tempfile::TempDir) {
+async fn setup_exec(test: &str) -> (tocsin::config::Config, TestDir) {
     let (mut config, dir) = setup(test).await;
     config.worker.exec.enabled = true;
     config.worker.exec.allow = vec!["/bin/sh".into()];

@@ -107,6 +107,44 @@ pub fn kafka_classpath() -> String {
     text(&out.stdout).trim().to_owned()
 }
 
+/// Deletes, when dropped, every topic of a test: its prefix's and the `<prefix>-…` targets
+/// and sinks beside them, so a run of the suite leaves the broker (which holds about 20,000
+/// partitions) as it found it. Keep it alive to the end of the test (`let _topics = …`).
+pub struct TopicsGuard {
+    config: Config,
+}
+
+impl TopicsGuard {
+    pub fn new(config: &Config) -> TopicsGuard {
+        TopicsGuard {
+            config: config.clone(),
+        }
+    }
+}
+
+impl Drop for TopicsGuard {
+    fn drop(&mut self) {
+        let config = self.config.clone();
+        // Its own runtime on its own thread: a test's runtime may be the one dropping it.
+        let deleted = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let admin = tocsin::kafka::admin::Admin::new(&config).ok()?;
+            rt.block_on(admin.delete_prefixed(config.topic_prefix.trim_end_matches('.')))
+                .ok()
+        })
+        .join();
+        if !matches!(deleted, Ok(Some(_))) {
+            eprintln!(
+                "warning: could not delete the topics of prefix {}",
+                self.config.topic_prefix
+            );
+        }
+    }
+}
+
 /// The partition Kafka's Java client's default partitioner picks for each key, asked of the
 /// broker's own jars (`tests/java/Murmur2.java`).
 pub fn java_partitions(keys: &[String], partitions: u32) -> Vec<u32> {
@@ -213,13 +251,25 @@ pub mod fleet {
     use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
     use tocsin::model::records::Run;
 
+    /// A test's data directory; dropping it also deletes the test's topics ([`TopicsGuard`]).
+    pub struct TestDir {
+        dir: tempfile::TempDir,
+        _topics: super::TopicsGuard,
+    }
+
+    impl TestDir {
+        pub fn path(&self) -> &Path {
+            self.dir.path()
+        }
+    }
+
     /// A config with its own prefix and data directories, and the fleet topics created.
-    pub async fn setup(test: &str) -> (Config, tempfile::TempDir) {
+    pub async fn setup(test: &str) -> (Config, TestDir) {
         setup_sized(test, 8).await
     }
 
     /// As `setup`, with `job_partitions` partitions of `jobs`, `timers` and `control`.
-    pub async fn setup_sized(test: &str, job_partitions: u32) -> (Config, tempfile::TempDir) {
+    pub async fn setup_sized(test: &str, job_partitions: u32) -> (Config, TestDir) {
         let dir = tempfile::tempdir().unwrap();
         let mut config = super::test_config(test);
         config.topics.job_partitions = job_partitions;
@@ -230,7 +280,14 @@ pub mod fleet {
             .ensure(&tocsin::kafka::admin::fleet_topics(&config))
             .await
             .unwrap();
-        (config, dir)
+        let topics = super::TopicsGuard::new(&config);
+        (
+            config,
+            TestDir {
+                dir,
+                _topics: topics,
+            },
+        )
     }
 
     pub fn now_ms() -> i64 {
