@@ -430,11 +430,6 @@ impl Config {
         format!("{}{}", self.topic_prefix, name)
     }
 
-    /// Whether `topic` is one of this fleet's own topics; see [`is_tocsin_topic`].
-    pub fn is_own_topic(&self, topic: &str) -> bool {
-        is_tocsin_topic(&self.topic_prefix, topic)
-    }
-
     /// The lane of `tenant`; see `tenant_topic_part` for why `.` and `_` are escaped.
     pub fn lane_topic(&self, tenant: &str) -> String {
         format!(

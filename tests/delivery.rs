@@ -282,17 +282,11 @@ async fn kill_9_of_a_delivering_node_loses_and_duplicates_nothing_in_the_target(
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    let holds = |node: &Node| {
-        let log = node.log_text();
-        log.matches("partition active")
-            .count()
-            .saturating_sub(log.matches("released partition").count())
-    };
     wait_watching(
         Duration::from_secs(60),
         "both nodes active",
         &[&n1, &n2],
-        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
     );
     let jobs: Vec<_> = (0..2_000)
         .map(|i| kafka_job(&format!("k-{i}"), every(1000), &target, b"payload"))
@@ -302,7 +296,7 @@ async fn kill_9_of_a_delivering_node_loses_and_duplicates_nothing_in_the_target(
     std::thread::sleep(Duration::from_secs(5));
     n1.kill();
     wait_watching(Duration::from_secs(60), "n2 takes over", &[&n2], || {
-        holds(&n2) == parts
+        n2.holds() == parts
     });
     std::thread::sleep(Duration::from_secs(5));
     let t_end = now_ms();

@@ -18,14 +18,6 @@ fn active_count(node: &Node) -> usize {
     log.matches("partition active").count()
 }
 
-/// Partitions a node holds now, from its log (assigned and activated minus released).
-fn holds(node: &Node) -> usize {
-    let log = node.log_text();
-    log.matches("partition active")
-        .count()
-        .saturating_sub(log.matches("released partition").count())
-}
-
 fn every_second_jobs(n: usize, tenant: &str, prefix: &str) -> Vec<JobDefinition> {
     (0..n)
         .map(|i| job(&format!("{prefix}-{i}"), tenant, every(1000)))
@@ -96,7 +88,7 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
         Duration::from_secs(60),
         "both nodes active",
         &[&n1, &n2],
-        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
     );
     assert_co_partitioned(&n1);
     assert_co_partitioned(&n2);
@@ -109,7 +101,7 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
         Duration::from_secs(60),
         "n2 owns everything",
         &[&n2],
-        || holds(&n2) == parts,
+        || n2.holds() == parts,
     );
     std::thread::sleep(Duration::from_secs(4));
     let t_end = now_ms();
@@ -133,7 +125,7 @@ async fn kill_9_loses_and_duplicates_nothing() {
         Duration::from_secs(60),
         "both nodes active",
         &[&n1, &n2],
-        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
     );
     let jobs = every_second_jobs(5_000, "acme", "k");
     let t0 = now_ms();
@@ -142,7 +134,7 @@ async fn kill_9_loses_and_duplicates_nothing() {
     let t_kill = now_ms();
     n1.kill();
     wait_watching(Duration::from_secs(60), "n2 takes over", &[&n2], || {
-        holds(&n2) == parts
+        n2.holds() == parts
     });
     let t_takeover = now_ms();
     std::thread::sleep(Duration::from_secs(5));
@@ -168,7 +160,7 @@ async fn a_paused_zombie_is_fenced() {
         Duration::from_secs(60),
         "both nodes active",
         &[&n1, &n2],
-        || holds(&n1) > 0 && holds(&n2) > 0 && holds(&n1) + holds(&n2) == parts,
+        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
     );
     let jobs = every_second_jobs(1_000, "acme", "z");
     let t0 = now_ms();
@@ -182,7 +174,7 @@ async fn a_paused_zombie_is_fenced() {
         Duration::from_secs(90),
         "n2 takes over from the stopped node",
         &[&n1, &n2],
-        || active_count(&n2) > before && holds(&n2) == parts,
+        || active_count(&n2) > before && n2.holds() == parts,
     );
     std::thread::sleep(Duration::from_secs(2));
     n1.signal(libc::SIGCONT);
@@ -220,7 +212,7 @@ async fn a_stopped_fleet_applies_each_misfire_policy() {
     let parts = config.topics.job_partitions as usize;
     let n1 = Node::start(&config, dir.path(), "n1");
     wait_until(Duration::from_secs(60), "node active", || {
-        holds(&n1) == parts
+        n1.holds() == parts
     });
     put_jobs(&config, &jobs).await;
     std::thread::sleep(Duration::from_secs(4));

@@ -395,36 +395,30 @@ fn parse_enum<T: serde::de::DeserializeOwned>(
         .map_err(|_| anyhow!("invalid --{flag} {value:?}: expected one of {allowed}"))
 }
 
-/// Why a `kafka` job's runs would go to `dead` as things stand: its target topic does not
-/// exist (the scheduler delivers into it and never creates it). `None` when it exists, when
-/// a worker delivers, or when the broker cannot tell.
+/// Why a `kafka` job's runs would go to `dead` as things stand, as the scheduler looks its
+/// target up (`scheduler::look_up_target`): the topic does not exist or refuses writes.
+/// `None` when it takes them, when a worker delivers, or when the broker cannot tell.
 fn target_warning(config: &Config, def: &JobDefinition) -> Option<String> {
     if def.handler.kind != HandlerKind::Kafka
         || config.scheduler.kafka_delivery != crate::config::KafkaDelivery::Direct
     {
         return None;
     }
-    let topic = def.handler.target.as_str();
-    let consumer: BaseConsumer = crate::kafka::base_config(config)
-        .set("client.id", "tocsin-cli-probe")
-        .set("log_level", "0")
-        .create()
-        .ok()?;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .ok()?;
-    let t = md.topics().iter().find(|t| t.name() == topic);
-    let missing = match t {
-        None => true,
-        Some(t) => t.error().is_some() || t.partitions().is_empty(),
-    };
-    missing.then(|| {
-        format!(
-            "target topic {topic:?} of job {:?} does not exist; until it does, each run of the \
-             job goes to dead (runbooks/target-dead.md)",
+    let consumer = super::probe(config).ok()?;
+    match crate::scheduler::look_up_target(
+        consumer.client(),
+        &config.topic_prefix,
+        &def.handler.target,
+    )
+    .ok()?
+    {
+        crate::scheduler::Target::Writable => None,
+        crate::scheduler::Target::Refused(reason) => Some(format!(
+            "{reason}; until it takes writes, each run of job {:?} goes to dead \
+             (runbooks/target-dead.md)",
             def.id
-        )
-    })
+        )),
+    }
 }
 
 fn definition_from_args(a: &PutArgs) -> anyhow::Result<JobDefinition> {

@@ -112,6 +112,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A quiet client for the CLI's questions to the brokers (librdkafka's own log would repeat
+/// the cause of a failure on every retry).
+pub(crate) fn probe(config: &Config) -> anyhow::Result<rdkafka::consumer::BaseConsumer> {
+    crate::kafka::base_config(config)
+        .set("client.id", "tocsin-cli-probe")
+        .set("log_level", "0")
+        .create()
+        .with_context(|| format!("invalid Kafka client settings for {}", config.bootstrap))
+}
+
 /// How long a command waits for the brokers to answer before it gives up.
 const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -119,13 +129,8 @@ const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// when no broker answers; librdkafka would otherwise retry for the length of each request's
 /// own timeout (up to 300 s for a produce).
 fn reachable(config: Config) -> anyhow::Result<Config> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = crate::kafka::base_config(&config)
-        .set("client.id", "tocsin-cli-probe")
-        // librdkafka's own log would repeat the cause on every retry.
-        .set("log_level", "0")
-        .create()
-        .with_context(|| format!("invalid Kafka client settings for {}", config.bootstrap))?;
+    use rdkafka::consumer::Consumer;
+    let consumer = probe(&config)?;
     match consumer.fetch_metadata(None, REACH_TIMEOUT) {
         Ok(_) => Ok(config),
         Err(e) => anyhow::bail!(

@@ -2,8 +2,8 @@
 //! topic inside the transaction that fires it, so a `read_committed` reader of the target sees
 //! each run exactly once, as soon as it fires, with no lane record and no worker in between.
 //!
-//! What this module owns: the headers of a delivered record, and the cache of target topics that tells a writable target from a missing or refused one before anything is
-//! produced. A target that is missing or refuses the record sends the run to `dead`; it never
+//! What this module owns: the headers of a delivered record, and the cache of target topics
+//! that tells a writable target from a missing or refused one before anything is produced. A target that is missing or refuses the record sends the run to `dead`; it never
 //! holds up the transaction, which carries other jobs' runs too.
 
 use std::collections::HashMap;
@@ -49,22 +49,17 @@ pub fn headers(run: &Run) -> OwnedHeaders {
 
 /// A delivery the target refused for what it is (missing, not ours to write, the record too
 /// large or malformed for it): retrying cannot help, so the run goes to `dead`. A timeout or a
-/// leader election is not one of these; the transaction is retried.
+/// leader election is not one of these; the transaction is retried. The refusals of any record
+/// (`refuses_code`), and those of a topic that is not there or takes no writes.
 pub fn refuses_target(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::UnknownTopicOrPartition
-            | RDKafkaErrorCode::UnknownTopic
-            | RDKafkaErrorCode::UnknownPartition
-            | RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::InvalidTopic
-            | RDKafkaErrorCode::MessageSizeTooLarge
-            | RDKafkaErrorCode::InvalidMessageSize
-            | RDKafkaErrorCode::MessageBatchTooLarge
-            | RDKafkaErrorCode::InvalidRecord
-            | RDKafkaErrorCode::InvalidMessage
-            | RDKafkaErrorCode::PolicyViolation
-    )
+    super::engine::refuses_code(code)
+        || matches!(
+            code,
+            RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownPartition
+                | RDKafkaErrorCode::PolicyViolation
+        )
 }
 
 /// What a target topic is, as the cache last saw it.
@@ -77,16 +72,56 @@ pub enum Target {
     Refused(String),
 }
 
-/// Target topics looked up in the broker's metadata, with when.
-#[derive(Default)]
+/// What `topic` is as a target of the fleet with topic prefix `prefix`, from one metadata
+/// request to the broker (never creating it: the scheduler's producer has
+/// `allow.auto.create.topics` off). Errors are those of the broker or the connection, not of
+/// the topic.
+pub fn look_up<C: ClientContext>(
+    client: &Client<C>,
+    prefix: &str,
+    topic: &str,
+) -> Result<Target, KafkaError> {
+    // Validation refuses these; a job stored before it did is refused here.
+    if crate::config::is_tocsin_topic(prefix, topic) || topic.starts_with("__") {
+        return Ok(Target::Refused(format!(
+            "target topic {topic:?} is one of Tocsin's own or an internal topic"
+        )));
+    }
+    let metadata = client.fetch_metadata(Some(topic), LOOKUP_TIMEOUT)?;
+    let found = metadata.topics().iter().find(|t| t.name() == topic);
+    Ok(match found {
+        None => Target::Refused(format!("target topic {topic:?} does not exist")),
+        Some(t) => match t.error().map(RDKafkaErrorCode::from) {
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
+                Target::Refused(format!("target topic {topic:?} does not exist"))
+            }
+            Some(code) if refuses_target(code) => {
+                Target::Refused(format!("target topic {topic:?} refused: {code}"))
+            }
+            Some(code) => return Err(KafkaError::MetadataFetch(code)),
+            None if t.partitions().is_empty() => {
+                Target::Refused(format!("target topic {topic:?} has no partitions"))
+            }
+            None => Target::Writable,
+        },
+    })
+}
+
+/// Target topics looked up in the broker's metadata (`look_up`), with when.
 pub struct Targets {
+    prefix: String,
     known: HashMap<String, (Target, Instant)>,
 }
 
 impl Targets {
-    /// What `topic` is: from the cache, or from one metadata request to the broker. A topic
-    /// is never created by this (the scheduler's producer has `allow.auto.create.topics`
-    /// off). Errors are those of the broker or the connection, not of the topic.
+    pub fn new(prefix: &str) -> Targets {
+        Targets {
+            prefix: prefix.to_owned(),
+            known: HashMap::new(),
+        }
+    }
+
+    /// What `topic` is: from the cache, or looked up in the broker's metadata.
     pub fn lookup<C: ClientContext>(
         &mut self,
         client: &Client<C>,
@@ -101,29 +136,15 @@ impl Targets {
                 return Ok(t.clone());
             }
         }
-        let metadata = client.fetch_metadata(Some(topic), LOOKUP_TIMEOUT)?;
-        let found = metadata.topics().iter().find(|t| t.name() == topic);
-        let target = match found {
-            None => Target::Refused(format!("target topic {topic:?} does not exist")),
-            Some(t) => match t.error().map(RDKafkaErrorCode::from) {
-                Some(
-                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic,
-                ) => Target::Refused(format!("target topic {topic:?} does not exist")),
-                Some(code) if refuses_target(code) => {
-                    Target::Refused(format!("target topic {topic:?} refused: {code}"))
-                }
-                Some(code) => {
-                    return Err(KafkaError::MetadataFetch(code));
-                }
-                None if t.partitions().is_empty() => {
-                    Target::Refused(format!("target topic {topic:?} has no partitions"))
-                }
-                None => Target::Writable,
-            },
-        };
+        let target = look_up(client, &self.prefix, topic)?;
         self.known
             .insert(topic.to_owned(), (target.clone(), Instant::now()));
         Ok(target)
+    }
+
+    /// Forgets every target, so each is looked up again.
+    pub fn clear(&mut self) {
+        self.known.clear();
     }
 
     /// Marks `topic` refused for `MISSING_TTL`, after the broker refused a record of it.

@@ -260,6 +260,7 @@ impl Engine {
 
         let admin = Admin::new(&config)?;
         let limits = record_limits(&config, &admin, &runtime, &topics);
+        let targets = Targets::new(&config.topic_prefix);
         Ok(Engine {
             config,
             node_id,
@@ -281,7 +282,7 @@ impl Engine {
             fenced: HashMap::new(),
             suspects: HashMap::new(),
             producer_uninitialised: false,
-            targets: Targets::default(),
+            targets,
             dead_targets: HashMap::new(),
         })
     }
@@ -911,7 +912,7 @@ impl Engine {
                 targets.append(&mut self.producer.context().target_refused.lock().unwrap());
                 // Every target is looked up again: one deleted since it was cached would hold
                 // its records until they time out, and fail every retry the same way.
-                self.targets = Targets::default();
+                self.targets.clear();
                 for (topic, job, reason) in targets {
                     warn!(job = %job, topic = %topic, reason = %reason,
                         "a target refused a run's record; the run goes to dead on the retry");
@@ -1393,9 +1394,6 @@ impl Engine {
         let topic = run.handler.target.as_str();
         let refused = match self.dead_targets.get(&run.job_id) {
             Some(reason) => Some(reason.clone()),
-            None if self.config.is_own_topic(topic) || topic.starts_with("__") => Some(format!(
-                "target topic {topic:?} is one of Tocsin's own or an internal topic"
-            )),
             None => match self.targets.lookup(self.producer.client(), topic)? {
                 Target::Refused(reason) => Some(reason),
                 Target::Writable => {
@@ -1536,7 +1534,7 @@ fn refuses_record(e: &KafkaError) -> bool {
     matches!(e, KafkaError::MessageProduction(code) if refuses_code(*code))
 }
 
-fn refuses_code(code: RDKafkaErrorCode) -> bool {
+pub(super) fn refuses_code(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::MessageSizeTooLarge

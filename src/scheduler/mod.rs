@@ -9,6 +9,7 @@
 mod deliver;
 mod engine;
 
+pub use deliver::{look_up as look_up_target, Target};
 pub use engine::other_tenants_job;
 pub mod fair;
 pub mod fire;

@@ -405,6 +405,14 @@ pub mod fleet {
             node
         }
 
+        /// Partitions the node holds now, from its log (activated minus released).
+        pub fn holds(&self) -> usize {
+            let log = self.log_text();
+            log.matches("partition active")
+                .count()
+                .saturating_sub(log.matches("released partition").count())
+        }
+
         /// A worker of `pool` on every lane.
         pub fn worker(config: &Config, dir: &Path, id: &str, pool: &str) -> Node {
             Node::spawn(
