@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::fleet::*;
+use common::topics::read_all;
 use tocsin::model::job::{JobDefinition, MisfirePolicy};
 use tocsin::model::records::FireReason;
 
@@ -261,5 +262,61 @@ async fn a_stopped_fleet_applies_each_misfire_policy() {
     assert!(
         skip.iter().any(|t| *t > t_restart),
         "skip did not resume its schedule"
+    );
+}
+
+/// A plain fire (one instant, on time, nothing pending) writes nothing to `timers`: the
+/// partition's progress in its offset commit records it. A node with no data directory, and
+/// then a node back with its old one, restore every timer from `timers` and that progress:
+/// no run is lost or fired twice across either.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_fires_are_not_written_to_timers_and_restore_exactly() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("progress").await;
+    let parts = config.topics.job_partitions as usize;
+    let n1 = Node::start_active(&config, dir.path(), "n1");
+    let jobs = every_second_jobs(500, "acme", "p");
+    let t0 = now_ms();
+    put_jobs(&config, &jobs).await;
+    std::thread::sleep(Duration::from_secs(6));
+    n1.stop();
+    let job_records = |config| {
+        read_all(config, "timers", Duration::from_secs(2))
+            .iter()
+            .filter(|(k, _)| !k.starts_with(b"\0"))
+            .count()
+    };
+    let written = job_records(&config);
+    let fired = audit(&config, Duration::from_secs(2)).len();
+    assert!(
+        fired >= 4 * jobs.len() && written < 2 * jobs.len(),
+        "{fired} runs fired, {written} timer states written: plain fires must not be written"
+    );
+
+    // A node with nothing on disk: a full replay, then the progress.
+    let n2 = Node::start_active(&config, dir.path(), "n2");
+    assert!(
+        n2.log_text()
+            .contains("advanced timers fired since they were written"),
+        "n2 restored without advancing any timer:\n{}",
+        n2.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    n2.stop();
+
+    // n1 again, with the store it had: its own states, then n2's progress.
+    let n1 = Node::start(&config, dir.path(), "n1");
+    wait_watching(Duration::from_secs(60), "n1 active again", &[&n1], || {
+        n1.log_text().matches("partition active").count() >= 2 * parts
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let t_end = now_ms();
+    n1.stop();
+    let seen = audit(&config, Duration::from_secs(3));
+    let worst = assert_exactly_once(&seen, &jobs, t0 + 3_000, t_end - 2_000);
+    println!(
+        "progress: {fired} runs then {} in all, {written} timer states written, worst lateness \
+         {worst} ms",
+        seen.len()
     );
 }

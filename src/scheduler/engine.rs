@@ -19,6 +19,7 @@ use tracing::{debug, error, info, warn};
 use super::deliver::{self, Target, Targets};
 use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
+use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::{NodeStatus, NowFn, SchedulerError};
 use crate::codec::{self, Framing};
@@ -36,6 +37,9 @@ type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 /// Keys on `timers` that start with 0x00 are restore barriers, never job ids (validation
 /// rejects control characters in ids).
 const BARRIER_PREFIX: &[u8] = b"\0barrier/";
+/// The header of a `timers` record that holds its transaction's progress sequence
+/// (`progress`); a record without it (written before Tocsin kept progress) counts as 0.
+const SEQ_HEADER: &str = "tocsin-seq";
 /// A checkpoint older than this is not trusted: compaction may since have removed tombstones
 /// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
@@ -198,15 +202,46 @@ pub struct Engine {
     /// Jobs whose target refused a record in the transaction that just failed, with the
     /// reason: their runs go to `dead` when it is retried. Cleared by each commit.
     dead_targets: HashMap<String, String>,
+    /// Per owned `jobs` partition, its firing progress as of the last committed transaction
+    /// (`progress`); committed with every offset of the partition.
+    progress: HashMap<i32, Progress>,
 }
 
 /// Changes of one transaction, applied to RocksDB only after it commits.
 struct Txn {
     batch: super::store::Batch,
+    /// Timers this transaction changed, as they stand (`None`: deleted). Written to `timers`
+    /// and the store once, by `flush`, at the end of the transaction.
     overlay: HashMap<(i32, String), Option<TimerState>>,
+    /// Of the timers changed, their wake instant in the store before this transaction.
+    stored_wake: HashMap<(i32, String), Option<i64>>,
+    /// Timers changed other than by a plain fire: always written to `timers`.
+    dirty: HashSet<(i32, String)>,
     positions: BTreeMap<(String, i32), i64>,
     fired_partitions: BTreeSet<i32>,
+    /// Per partition changed, this transaction's progress sequence, and whether it records
+    /// `fired` (then its plain fires are not written to `timers`).
+    seqs: BTreeMap<i32, (u64, bool)>,
     runs: u64,
+}
+
+impl Txn {
+    /// Records the new state of a timer (`None`: deleted) that stood at `old_wake`.
+    fn change(
+        &mut self,
+        p: i32,
+        job: &str,
+        state: Option<TimerState>,
+        old_wake: Option<i64>,
+        plain: bool,
+    ) {
+        let key = (p, job.to_owned());
+        self.stored_wake.entry(key.clone()).or_insert(old_wake);
+        if !plain {
+            self.dirty.insert(key.clone());
+        }
+        self.overlay.insert(key, state);
+    }
 }
 
 impl Engine {
@@ -284,6 +319,7 @@ impl Engine {
             producer_uninitialised: false,
             targets,
             dead_targets: HashMap::new(),
+            progress: HashMap::new(),
         })
     }
 
@@ -512,6 +548,7 @@ impl Engine {
         }
         self.committed.remove(&(self.topics.jobs.clone(), p));
         self.committed.remove(&(self.topics.control.clone(), p));
+        self.progress.remove(&p);
     }
 
     /// One fenced transaction per batch of newly assigned partitions writes a barrier record
@@ -542,8 +579,15 @@ impl Engine {
         let committed = self.group.committed_offsets(tpl, TXN_TIMEOUT)?;
         let mut offsets = TopicPartitionList::new();
         for e in committed.elements() {
+            if e.topic() == self.topics.jobs {
+                let metadata =
+                    std::panic::catch_unwind(|| e.metadata().to_owned()).unwrap_or_default();
+                let progress = Progress::decode(&metadata);
+                debug!(partition = e.partition(), progress = ?progress, "committed progress");
+                self.progress.insert(e.partition(), progress);
+            }
             if let Offset::Offset(o) = e.offset() {
-                offsets.add_partition_offset(e.topic(), e.partition(), Offset::Offset(o))?;
+                self.add_offset(&mut offsets, e.topic(), e.partition(), o, None)?;
                 self.committed
                     .insert((e.topic().to_owned(), e.partition()), o);
             }
@@ -568,6 +612,26 @@ impl Engine {
             if let Some(Phase::Restoring { barrier_at, .. }) = self.parts.get_mut(p) {
                 *barrier_at = Some(Instant::now());
             }
+        }
+        Ok(())
+    }
+
+    /// Adds an offset to commit; one of a `jobs` partition carries the partition's progress
+    /// (`progress`, or as of the last commit), so no commit ever drops it.
+    fn add_offset(
+        &self,
+        tpl: &mut TopicPartitionList,
+        topic: &str,
+        p: i32,
+        offset: i64,
+        progress: Option<Progress>,
+    ) -> Result<()> {
+        let mut e = tpl.add_partition(topic, p);
+        e.set_offset(Offset::Offset(offset))?;
+        if topic == self.topics.jobs {
+            let progress =
+                progress.unwrap_or_else(|| self.progress.get(&p).copied().unwrap_or_default());
+            e.set_metadata(progress.encode());
         }
         Ok(())
     }
@@ -704,7 +768,8 @@ impl Engine {
                 Some(bytes) => match codec::decode::<TimerState>(bytes) {
                     Ok(state) => {
                         let wake = fire::wake_at(&state);
-                        batch.put_timer(&self.store, p as u16, &state, bytes, old_wake, wake);
+                        let seq = record_seq(&m);
+                        batch.put_timer(&self.store, p as u16, &state, bytes, seq, old_wake, wake);
                         overlay.insert((p, job), wake);
                     }
                     Err(e) => error!(partition = p, offset = m.offset(), job = %job, error = %e,
@@ -783,11 +848,13 @@ impl Engine {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topics.timers, p);
         self.restorer.incremental_unassign(&tpl)?;
-        info!(
-            partition = p,
-            timers = self.store.count_timers(p as u16),
-            "partition active"
-        );
+        // A sequence never goes back, even when the committed progress was lost (offsets
+        // reset or expired): a state written later must never look older than a mark.
+        let (timers, max_seq) = self.store.timers_summary(p as u16)?;
+        let progress = self.progress.entry(p).or_default();
+        progress.seq = progress.seq.max(max_seq);
+        let advanced = self.advance_to_progress(p)?;
+        info!(partition = p, timers, advanced, "partition active");
         if !buffered.is_empty() {
             self.transact(buffered, &[])?;
         }
@@ -796,6 +863,50 @@ impl Engine {
         tpl.add_partition(&self.topics.control, p);
         self.group.resume(&tpl)?;
         Ok(())
+    }
+
+    /// Brings the restored timers of `p` that were fired plainly since they were written up to
+    /// the partition's committed progress (`progress`). Returns how many it advanced.
+    fn advance_to_progress(&mut self, p: i32) -> Result<usize> {
+        let Some(fired) = self.progress.get(&p).and_then(|pr| pr.fired) else {
+            return Ok(0);
+        };
+        let progress = self.progress[&p];
+        let started = Instant::now();
+        let mut due = Vec::new();
+        self.store
+            .due(p as u16, fired.through_ms, usize::MAX, &mut due)?;
+        let mut batch = self.store.batch();
+        let mut advanced = 0;
+        for e in due {
+            let Some((mut state, seq)) = self.store.timer_seq(p as u16, &e.job)? else {
+                continue;
+            };
+            let wake = fire::wake_at(&state);
+            let Some(through) = progress.advances(seq, wake) else {
+                continue;
+            };
+            let Some(schedule) = self.schedule(&state.definition) else {
+                continue;
+            };
+            if fire::advance(&mut state, &schedule, through) > 0 {
+                let new_wake = fire::wake_at(&state);
+                let bytes = encode_timer(&state);
+                batch.put_timer(&self.store, p as u16, &state, &bytes, seq, wake, new_wake);
+                advanced += 1;
+            }
+        }
+        self.store.write(batch)?;
+        if advanced > 0 {
+            info!(
+                partition = p,
+                advanced,
+                through_ms = fired.through_ms,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "advanced timers fired since they were written"
+            );
+        }
+        Ok(advanced)
     }
 
     /// Fires everything due at `now` in Active partitions, fairly across tenants, in bounded
@@ -852,14 +963,19 @@ impl Engine {
         let mut txn = Txn {
             batch: self.store.batch(),
             overlay: HashMap::new(),
+            stored_wake: HashMap::new(),
+            dirty: HashSet::new(),
             positions: BTreeMap::new(),
             fired_partitions: BTreeSet::new(),
+            seqs: BTreeMap::new(),
             runs: 0,
         };
-        let filled = self.fill(&mut txn, &records, due, now);
+        let filled = self
+            .fill(&mut txn, &records, due, now)
+            .and_then(|()| self.flush(&mut txn, now));
         let fill_ms = started.elapsed().as_millis() as u64;
         let result = filled.and_then(|()| {
-            let offsets = self.fence_offsets(&txn)?;
+            let offsets = self.fence_offsets(&txn, now)?;
             self.commit(&offsets)
         });
         let elapsed = started.elapsed();
@@ -894,6 +1010,13 @@ impl Engine {
                 );
                 for (tp, o) in txn.positions {
                     self.committed.insert(tp, o);
+                }
+                for (p, (seq, fired)) in &txn.seqs {
+                    let progress = self.next_progress(*p, *seq, *fired, now);
+                    self.progress.insert(*p, progress);
+                    self.committed
+                        .entry((self.topics.jobs.clone(), *p))
+                        .or_insert(0);
                 }
                 self.dead_targets.clear();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
@@ -950,17 +1073,26 @@ impl Engine {
 
     /// The positions this transaction commits. Every transaction carries at least one, so the
     /// group coordinator checks our member epoch: a node that lost its partitions is fenced.
-    fn fence_offsets(&self, txn: &Txn) -> Result<TopicPartitionList> {
+    ///
+    /// Every `jobs` partition the transaction changed is among them, with its new progress
+    /// (`progress`); one whose offset was never committed (nothing read from it yet) commits
+    /// offset 0, which is where its reading starts anyway.
+    fn fence_offsets(&self, txn: &Txn, now: i64) -> Result<TopicPartitionList> {
         let mut tpl = TopicPartitionList::new();
+        let new_progress = |p: i32| {
+            txn.seqs
+                .get(&p)
+                .map(|(seq, fired)| self.next_progress(p, *seq, *fired, now))
+        };
         for ((topic, p), o) in &txn.positions {
-            tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+            self.add_offset(&mut tpl, topic, *p, *o, new_progress(*p))?;
         }
-        for p in &txn.fired_partitions {
+        let changed = txn.fired_partitions.iter().chain(txn.seqs.keys());
+        for p in changed.collect::<BTreeSet<_>>() {
             let key = (self.topics.jobs.clone(), *p);
             if !txn.positions.contains_key(&key) {
-                if let Some(o) = self.committed.get(&key) {
-                    tpl.add_partition_offset(&key.0, *p, Offset::Offset(*o))?;
-                }
+                let o = self.committed.get(&key).copied().unwrap_or(0);
+                self.add_offset(&mut tpl, &key.0, *p, o, new_progress(*p))?;
             }
         }
         if tpl.count() == 0 {
@@ -969,10 +1101,94 @@ impl Engine {
                 .iter()
                 .find(|((_, p), _)| matches!(self.parts.get(p), Some(Phase::Active)))
             {
-                tpl.add_partition_offset(topic, *p, Offset::Offset(*o))?;
+                self.add_offset(&mut tpl, topic, *p, *o, None)?;
             }
         }
         Ok(tpl)
+    }
+
+    /// The progress of `p` once a transaction with sequence `seq` commits; `fired`: it
+    /// records that no timer of `p` wakes at or before `now`.
+    fn next_progress(&self, p: i32, seq: u64, fired: bool, now: i64) -> Progress {
+        let old = self.progress.get(&p).copied().unwrap_or_default();
+        Progress {
+            seq,
+            fired: if fired {
+                Some(FiredThrough {
+                    through_ms: now,
+                    seq,
+                })
+            } else {
+                old.fired
+            },
+        }
+    }
+
+    /// Writes the timers the transaction changed, once each, to the store's batch and, unless
+    /// they were only fired plainly in a partition whose progress now records the fire, to
+    /// `timers` (see `progress`).
+    fn flush(&mut self, txn: &mut Txn, now: i64) -> Result<()> {
+        let mut by_partition: BTreeMap<i32, HashSet<&str>> = BTreeMap::new();
+        for (p, job) in txn.stored_wake.keys() {
+            by_partition.entry(*p).or_default().insert(job.as_str());
+        }
+        for p in &txn.fired_partitions {
+            by_partition.entry(*p).or_default();
+        }
+        let mut seqs = BTreeMap::new();
+        for (p, jobs) in &by_partition {
+            let old = self.progress.get(p).copied().unwrap_or_default();
+            let seq = old.seq + 1;
+            // Whether every timer of `p` wakes later than `now` once this commits: those it
+            // changes, as they stand, and the first of the others in the index.
+            let changed_later =
+                jobs.iter()
+                    .all(|job| match txn.overlay.get(&(*p, (*job).to_owned())) {
+                        Some(Some(state)) => fire::wake_at(state).is_none_or(|w| w > now),
+                        _ => true,
+                    });
+            let fired = changed_later
+                && old.fired.is_none_or(|f| f.through_ms <= now)
+                && self
+                    .store
+                    .first_wake(*p as u16, |job| jobs.contains(job))?
+                    .is_none_or(|w| w > now);
+            seqs.insert(*p, (seq, fired));
+        }
+        for ((p, job), old_wake) in &txn.stored_wake {
+            let (seq, fired) = seqs[p];
+            match txn.overlay.get(&(*p, job.clone())) {
+                Some(Some(state)) => {
+                    let bytes = encode_timer(state);
+                    if !fired || txn.dirty.contains(&(*p, job.clone())) {
+                        let seq_text = seq.to_string();
+                        let record = BaseRecord::to(&self.topics.timers)
+                            .partition(*p)
+                            .key(job.as_bytes())
+                            .payload(&bytes)
+                            .headers(
+                                OwnedHeaders::new().insert(h(SEQ_HEADER, seq_text.as_bytes())),
+                            );
+                        self.producer.send(record).map_err(|(e, _)| e)?;
+                    }
+                    let wake = fire::wake_at(state);
+                    txn.batch.put_timer(
+                        &self.store,
+                        *p as u16,
+                        state,
+                        &bytes,
+                        seq,
+                        *old_wake,
+                        wake,
+                    );
+                }
+                _ => txn
+                    .batch
+                    .delete_timer(&self.store, *p as u16, job, *old_wake),
+            }
+        }
+        txn.seqs = seqs;
+        Ok(())
     }
 
     fn fill(
@@ -1052,7 +1268,19 @@ impl Engine {
             completes_at_fire: self.delivers(&state.definition),
             ..limits
         };
+        let before = fire::Plain::of(&state);
+        #[cfg(debug_assertions)]
+        let replayed = {
+            let mut s = state.clone();
+            fire::advance(&mut s, &schedule, now);
+            s
+        };
         let fired = fire::fire_due(&mut state, &schedule, now, limits);
+        let plain = fire::fired_plainly(before, &state, &fired, now);
+        #[cfg(debug_assertions)]
+        if plain {
+            assert_eq!(replayed, state, "a plain fire must be what advance replays");
+        }
         for d in &fired.runs {
             self.produce_run(&state, d, p, now)?;
         }
@@ -1065,7 +1293,8 @@ impl Engine {
         }
         txn.runs += fired.runs.len() as u64;
         txn.fired_partitions.insert(p);
-        self.save(txn, p, state, old_wake)
+        self.save(txn, p, state, old_wake, plain);
+        Ok(())
     }
 
     /// The reason to set a job aside, once the broker refused its records `QUARANTINE_AFTER`
@@ -1106,8 +1335,7 @@ impl Engine {
             .partition(p)
             .key(job.as_bytes());
         self.producer.send(record).map_err(|(e, _)| e)?;
-        txn.batch.delete_timer(&self.store, p as u16, job, old_wake);
-        txn.overlay.insert((p, job.to_owned()), None);
+        txn.change(p, job, None, old_wake, false);
         self.schedules.remove(job);
         Ok(())
     }
@@ -1119,25 +1347,18 @@ impl Engine {
         Ok(self.store.timer(p as u16, job)?)
     }
 
+    /// Keeps a timer's new state in the transaction; `flush` writes it. `plain`: it changed
+    /// only by a plain fire (`fire::fired_plainly`).
     fn save(
         &mut self,
         txn: &mut Txn,
         p: i32,
         state: TimerState,
         old_wake: Option<i64>,
-    ) -> Result<()> {
-        let bytes = encode_timer(&state);
-        let record = BaseRecord::to(&self.topics.timers)
-            .partition(p)
-            .key(state.definition.id.as_bytes())
-            .payload(&bytes);
-        self.producer.send(record).map_err(|(e, _)| e)?;
-        let wake = fire::wake_at(&state);
-        txn.batch
-            .put_timer(&self.store, p as u16, &state, &bytes, old_wake, wake);
-        txn.overlay
-            .insert((p, state.definition.id.clone()), Some(state));
-        Ok(())
+        plain: bool,
+    ) {
+        let job = state.definition.id.clone();
+        txn.change(p, &job, Some(state), old_wake, plain);
     }
 
     fn schedule(&mut self, def: &JobDefinition) -> Option<Arc<Schedule>> {
@@ -1185,9 +1406,7 @@ impl Engine {
                     .partition(p)
                     .key(key);
                 self.producer.send(record).map_err(|(e, _)| e)?;
-                txn.batch
-                    .delete_timer(&self.store, p as u16, &job, old_wake);
-                txn.overlay.insert((p, job.clone()), None);
+                txn.change(p, &job, None, old_wake, false);
                 self.schedules.remove(&job);
             }
             return Ok(());
@@ -1236,7 +1455,8 @@ impl Engine {
             }
         };
         self.cache_schedule(job, schedule);
-        self.save(txn, p, state, old_wake)
+        self.save(txn, p, state, old_wake, false);
+        Ok(())
     }
 
     fn control(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
@@ -1256,7 +1476,7 @@ impl Engine {
         };
         let old_wake = fire::wake_at(&state);
         if fire::apply_control(&mut state, record, &schedule, now, 10_000) {
-            self.save(txn, p, state, old_wake)?;
+            self.save(txn, p, state, old_wake, false);
         }
         Ok(())
     }
@@ -1574,6 +1794,18 @@ fn run_event(
         error: None,
         duration_ms: None,
     }
+}
+
+/// The progress sequence a `timers` record was written with (`SEQ_HEADER`; 0 without it).
+fn record_seq(m: &impl Message) -> u64 {
+    use rdkafka::message::Headers;
+    m.headers()
+        .and_then(|hs| {
+            hs.iter()
+                .find(|h| h.key == SEQ_HEADER)
+                .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn is_fatal(e: &KafkaError) -> bool {

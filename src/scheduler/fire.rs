@@ -196,6 +196,87 @@ pub fn apply_control(
     }
 }
 
+/// Steps `advance` takes one by one before it jumps (see there).
+const ADVANCE_STEPS: u64 = 10_000;
+
+/// Replays the plain schedule fires of `state` through `through_ms`: every instant whose fire
+/// time is at or before it is taken as fired, as `fire_due` fires an instant that is on time
+/// when no retry, trigger, overlap or catch-up is involved. Restore uses it to bring a timer
+/// recorded on `timers` before such fires (which are not written there, see `progress`) up to
+/// its partition's progress. Returns the instants taken.
+///
+/// After `ADVANCE_STEPS` instants it jumps to the first instant whose fire time can be later
+/// than `through_ms` (a fire time is at most the jitter window past its instant), so a timer
+/// recorded long ago costs a few schedule computations, not one per instant; `fires` and
+/// `last_scheduled_ms` are then not exact, which matters to nothing: a job with `max_fires`
+/// never jumps, and `last_scheduled_ms` is only compared with instants later than it.
+pub fn advance(state: &mut TimerState, schedule: &Schedule, through_ms: i64) -> u64 {
+    if state.definition.paused {
+        return 0;
+    }
+    let mut taken = 0;
+    while let Some(next) = state.next_fire_ms {
+        if fire_at(&state.definition, next) > through_ms {
+            break;
+        }
+        if let Some(max) = state.definition.max_fires {
+            if state.fires >= max {
+                state.next_fire_ms = None;
+                break;
+            }
+        }
+        state.fires += 1;
+        state.last_scheduled_ms = Some(next);
+        state.next_fire_ms = schedule.next_after(next);
+        taken += 1;
+        if let Some(max) = state.definition.max_fires {
+            if state.fires >= max {
+                state.next_fire_ms = None;
+            }
+        } else if taken >= ADVANCE_STEPS {
+            let window = state.definition.jitter_ms.min(i64::MAX as u64) as i64;
+            let surely_fired = through_ms.saturating_sub(window);
+            if state.next_fire_ms.is_some_and(|n| n <= surely_fired) {
+                state.next_fire_ms = schedule.next_after(surely_fired);
+            }
+        }
+    }
+    taken
+}
+
+/// Whether a pass of `fire_due` that turned `before` (the state's shape before it, see
+/// `Plain`) into `after` with `fired` was a plain fire: one instant on time, nothing pending,
+/// nothing in flight, no fire count to keep. `advance(before, now)` gives back exactly
+/// `after` then, so the new state need not be written to `timers` when the partition's
+/// progress records `now`.
+pub fn fired_plainly(before: Plain, after: &TimerState, fired: &Fired, now_ms: i64) -> bool {
+    before.0
+        && fired.skipped.is_empty()
+        && fired.missed == 0
+        && matches!(fired.runs.as_slice(), [d] if d.reason == FireReason::Schedule && d.attempt == 1)
+        && after.pending.is_empty()
+        && after.in_flight.is_none()
+        && after.buffered_ms.is_none()
+        && after.definition.max_fires.is_none()
+        && wake_at(after).is_none_or(|w| w > now_ms)
+}
+
+/// What `fired_plainly` needs of a state before its pass: that it had nothing pending, in
+/// flight or buffered.
+#[derive(Debug, Clone, Copy)]
+pub struct Plain(bool);
+
+impl Plain {
+    pub fn of(state: &TimerState) -> Plain {
+        Plain(
+            state.pending.is_empty()
+                && state.in_flight.is_none()
+                && state.buffered_ms.is_none()
+                && !state.definition.paused,
+        )
+    }
+}
+
 /// Fires whatever of `state` is due at `now_ms`.
 pub fn fire_due(
     state: &mut TimerState,

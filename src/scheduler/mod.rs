@@ -13,6 +13,7 @@ pub use deliver::{look_up as look_up_target, Target};
 pub use engine::other_tenants_job;
 pub mod fair;
 pub mod fire;
+pub mod progress;
 pub mod store;
 
 use std::path::PathBuf;

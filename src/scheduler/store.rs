@@ -2,10 +2,13 @@
 //! the `timers` offsets applied. A cache of Kafka: deleting the directory loses nothing.
 //!
 //! Column families:
-//! - `timers`: `(partition u16 BE, job id)` → the `TimerState` as encoded on `timers`;
+//! - `timers`: `(partition u16 BE, job id)` → the progress sequence the state is current as
+//!   of (u64 BE, see `progress`) followed by the `TimerState` as encoded on `timers`;
 //! - `due`: `(partition u16 BE, wake instant u64 BE, job id)` → tenant, so "everything due in
 //!   partition p up to now" is one range scan that also says whose it is, without decoding;
-//! - `meta`: `ckpt/(partition u16 BE)` → next `timers` offset to read + when it was written.
+//! - `meta`: `ckpt/(partition u16 BE)` → next `timers` offset to read + when it was written;
+//!   `format` → the layout version (`FORMAT`): a store of another layout is emptied at open
+//!   (it is a cache: its partitions are replayed from `timers`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -36,6 +39,12 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 const CF_TIMERS: &str = "timers";
 const CF_DUE: &str = "due";
 const CF_META: &str = "meta";
+/// Version 2 put the progress sequence in front of each timer state.
+const FORMAT: &[u8] = b"2";
+const FORMAT_KEY: &[u8] = b"format";
+/// Index entries `first_wake` walks past (the entries a transaction itself moved) before it
+/// gives up and answers "unknown".
+const FIRST_WAKE_WALK: usize = 200_000;
 
 /// Where a partition's replay of `timers` can resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,10 +113,23 @@ impl Store {
             .into_iter()
             .map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
-        Ok(Store {
+        let store = Store {
             db,
             floors: Mutex::new(HashMap::new()),
-        })
+        };
+        let cf_meta = store.cf(CF_META);
+        if store.db.get_cf(cf_meta, FORMAT_KEY)?.as_deref() != Some(FORMAT) {
+            // Another layout (or a new store): start empty; every partition replays.
+            let mut batch = WriteBatch::default();
+            for cf in [CF_TIMERS, CF_DUE, CF_META] {
+                for item in store.db.iterator_cf(store.cf(cf), IteratorMode::Start) {
+                    batch.delete_cf(store.cf(cf), item?.0);
+                }
+            }
+            batch.put_cf(cf_meta, FORMAT_KEY, FORMAT);
+            store.db.write(batch)?;
+        }
+        Ok(store)
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
@@ -117,19 +139,78 @@ impl Store {
     }
 
     pub fn timer(&self, partition: u16, job: &str) -> Result<Option<TimerState>> {
+        Ok(self.timer_seq(partition, job)?.map(|(state, _)| state))
+    }
+
+    /// A timer and the progress sequence it is current as of.
+    pub fn timer_seq(&self, partition: u16, job: &str) -> Result<Option<(TimerState, u64)>> {
         let Some(bytes) = self
             .db
             .get_cf(self.cf(CF_TIMERS), timer_key(partition, job))?
         else {
             return Ok(None);
         };
-        codec::decode(&bytes)
-            .map(Some)
-            .map_err(|source| StoreError::Corrupt {
-                partition,
-                job: job.to_owned(),
-                source,
-            })
+        let corrupt = |source| StoreError::Corrupt {
+            partition,
+            job: job.to_owned(),
+            source,
+        };
+        if bytes.len() < 8 {
+            return Err(corrupt(codec::CodecError::TruncatedHeader {
+                record: "stored TimerState",
+                framing: "progress sequence",
+                len: bytes.len(),
+                need: 8,
+            }));
+        }
+        let seq = u64::from_be_bytes(bytes[..8].try_into().unwrap());
+        codec::decode(&bytes[8..])
+            .map(|state| Some((state, seq)))
+            .map_err(corrupt)
+    }
+
+    /// The earliest wake instant indexed in `partition`, not counting the jobs `skip` names
+    /// (those a transaction is moving); `Some(i64::MIN)` when more than `FIRST_WAKE_WALK`
+    /// entries would have to be skipped to know. `None`: nothing else is indexed.
+    pub fn first_wake(&self, partition: u16, skip: impl Fn(&str) -> bool) -> Result<Option<i64>> {
+        let start = due_key(partition, self.floor(partition), "");
+        let iter = self.partition_iter(CF_DUE, partition, &start);
+        for (walked, item) in iter.enumerate() {
+            let (k, _) = item?;
+            if k.len() < 10 || k[..2] != partition.to_be_bytes() {
+                break;
+            }
+            if walked >= FIRST_WAKE_WALK {
+                return Ok(Some(i64::MIN));
+            }
+            let job = std::str::from_utf8(&k[10..]).unwrap_or_default();
+            if !skip(job) {
+                return Ok(Some(instant_from_key(&k[2..10])));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The keys of `cf` from `start` on, bounded to `partition`: past its last key the
+    /// iterator would otherwise skip every deleted key of the partitions after it before it
+    /// reaches a live one. After a herd (each fired one-shot leaves a deleted index key) that
+    /// made each partition's due scan cost all partitions' deletions: 19.5 s for a
+    /// 300,000-run herd at 1024 partitions.
+    fn partition_iter(
+        &self,
+        cf: &str,
+        partition: u16,
+        start: &[u8],
+    ) -> rocksdb::DBIteratorWithThreadMode<'_, DB> {
+        let mut options = ReadOptions::default();
+        if partition < u16::MAX {
+            options.set_iterate_upper_bound((partition + 1).to_be_bytes().to_vec());
+        }
+        self.db.iterator_cf_opt(
+            self.cf(cf),
+            options,
+            IteratorMode::From(start, Direction::Forward),
+        )
     }
 
     /// Index entries of `partition` with a wake instant at or before `upto_ms`, earliest first.
@@ -141,20 +222,7 @@ impl Store {
         out: &mut Vec<DueEntry>,
     ) -> Result<()> {
         let floor = self.floor(partition);
-        let start = due_key(partition, floor, "");
-        // Bounded to the partition: past its last key the iterator would otherwise skip every
-        // deleted key of the partitions after it before it reaches a live one. After a herd
-        // (each fired one-shot leaves a deleted index key) that made each partition's scan
-        // cost all partitions' deletions: 19.5 s for a 300,000-run herd at 1024 partitions.
-        let mut options = ReadOptions::default();
-        if partition < u16::MAX {
-            options.set_iterate_upper_bound((partition + 1).to_be_bytes().to_vec());
-        }
-        let iter = self.db.iterator_cf_opt(
-            self.cf(CF_DUE),
-            options,
-            IteratorMode::From(&start, Direction::Forward),
-        );
+        let iter = self.partition_iter(CF_DUE, partition, &due_key(partition, floor, ""));
         let mut first_live = None;
         for (taken, item) in iter.enumerate() {
             let (k, v) = item?;
@@ -206,16 +274,23 @@ impl Store {
         Ok(Some(Checkpoint { offset, written_ms }))
     }
 
-    /// Number of timers of a partition (diagnostics and tests).
-    pub fn count_timers(&self, partition: u16) -> usize {
+    /// Number of timers of a partition, and the highest progress sequence any is current as
+    /// of.
+    pub fn timers_summary(&self, partition: u16) -> Result<(usize, u64)> {
         let prefix = partition.to_be_bytes();
-        self.db
-            .iterator_cf(
-                self.cf(CF_TIMERS),
-                IteratorMode::From(&prefix, Direction::Forward),
-            )
-            .take_while(|r| r.as_ref().is_ok_and(|(k, _)| k.starts_with(&prefix)))
-            .count()
+        let iter = self.partition_iter(CF_TIMERS, partition, &prefix);
+        let (mut count, mut max_seq) = (0, 0);
+        for item in iter {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            count += 1;
+            if v.len() >= 8 {
+                max_seq = max_seq.max(u64::from_be_bytes(v[..8].try_into().unwrap()));
+            }
+        }
+        Ok((count, max_seq))
     }
 
     pub fn write(&self, batch: Batch) -> Result<()> {
@@ -266,19 +341,25 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Stores a timer and moves its index entry from `old_wake` to `new_wake`.
+    /// Stores a timer, current as of progress sequence `seq`, and moves its index entry from
+    /// `old_wake` to `new_wake`.
+    #[allow(clippy::too_many_arguments)]
     pub fn put_timer(
         &mut self,
         store: &Store,
         partition: u16,
         state: &TimerState,
         encoded: &[u8],
+        seq: u64,
         old_wake: Option<i64>,
         new_wake: Option<i64>,
     ) {
         let job = &state.definition.id;
+        let mut value = Vec::with_capacity(8 + encoded.len());
+        value.extend_from_slice(&seq.to_be_bytes());
+        value.extend_from_slice(encoded);
         self.inner
-            .put_cf(store.cf(CF_TIMERS), timer_key(partition, job), encoded);
+            .put_cf(store.cf(CF_TIMERS), timer_key(partition, job), value);
         if old_wake != new_wake {
             if let Some(w) = old_wake {
                 self.inner
@@ -372,7 +453,7 @@ mod tests {
     fn move_timer(store: &Store, job: &str, from: Option<i64>, to: i64) {
         let mut b = store.batch();
         let t = timer(job, to);
-        b.put_timer(store, 3, &t, &encode_timer(&t), from, Some(to));
+        b.put_timer(store, 3, &t, &encode_timer(&t), 0, from, Some(to));
         store.write(b).unwrap();
     }
 
@@ -422,7 +503,7 @@ mod tests {
         for p in 0..4u16 {
             for i in 0..100 {
                 let t = timer(&format!("j{p}-{i}"), 1_000);
-                b.put_timer(&store, p, &t, &encode_timer(&t), None, Some(1_000));
+                b.put_timer(&store, p, &t, &encode_timer(&t), 0, None, Some(1_000));
             }
         }
         store.write(b).unwrap();
@@ -444,6 +525,49 @@ mod tests {
         let mut out = Vec::new();
         store.due(u16::MAX, 2_000, 1_000, &mut out).unwrap();
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn timers_keep_their_sequence_and_first_wake_skips_the_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut b = store.batch();
+        for (job, wake, seq) in [("a", 1_000, 4), ("b", 2_000, 9), ("c", 3_000, 2)] {
+            let t = timer(job, wake);
+            b.put_timer(&store, 3, &t, &encode_timer(&t), seq, None, Some(wake));
+        }
+        store.write(b).unwrap();
+        let (state, seq) = store.timer_seq(3, "b").unwrap().unwrap();
+        assert_eq!((state.next_fire_ms, seq), (Some(2_000), 9));
+        assert_eq!(
+            store.timer(3, "a").unwrap().unwrap().next_fire_ms,
+            Some(1_000)
+        );
+        assert_eq!(store.timers_summary(3).unwrap(), (3, 9));
+        assert_eq!(store.timers_summary(4).unwrap(), (0, 0));
+        assert_eq!(store.first_wake(3, |_| false).unwrap(), Some(1_000));
+        assert_eq!(store.first_wake(3, |j| j == "a").unwrap(), Some(2_000));
+        assert_eq!(store.first_wake(3, |j| j != "c").unwrap(), Some(3_000));
+        assert_eq!(store.first_wake(3, |_| true).unwrap(), None);
+        assert_eq!(store.first_wake(2, |_| false).unwrap(), None);
+    }
+
+    /// A store of the layout before progress sequences is emptied at open (it is replayed).
+    #[test]
+    fn a_store_of_another_layout_starts_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            move_timer(&store, "a", None, 1_000);
+            store.db.delete_cf(store.cf(CF_META), FORMAT_KEY).unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.timers_summary(3).unwrap(), (0, 0));
+        assert_eq!(due(&store, 10_000), vec![]);
+        move_timer(&store, "b", None, 1_000);
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(due(&store, 10_000), vec![("b".into(), 1_000)]);
     }
 
     #[test]
