@@ -307,3 +307,7 @@ fn schedule_fire(
         });
     }
 }
+
+#[cfg(test)]
+#[path = "fire_tests.rs"]
+mod tests;
