@@ -388,3 +388,7 @@ fn schedule_fire(
         });
     }
 }
+
+#[cfg(test)]
+#[path = "fire_tests.rs"]
+mod tests;
