@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::{
-    apply_control, fire_at, fire_due, new_timer, update_timer, wake_at, Due, FireLimits, Fired,
+    advance, apply_control, fire_at, fire_due, fired_plainly, new_timer, update_timer, wake_at,
+    Due, FireLimits, Fired, Plain,
 };
 use crate::model::job::{
     HandlerKind, HandlerSpec, JobDefinition, MisfirePolicy, OverlapPolicy, ScheduleSpec,
@@ -1276,6 +1277,145 @@ proptest! {
                     let at = fire_at(&case.def, d.scheduled_ms);
                     prop_assert!(at <= p.now, "{d:?} at {}: fire_at {at}", p.now);
                 }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// advance: what a restore replays of plain fires that were not written to `timers`
+
+#[test]
+fn advance_replays_the_instants_up_to_its_mark_and_no_further() {
+    let mut t = Timer::new(every_10s(), T0 - 1);
+    let state = t.state.clone();
+    assert_eq!(advance(&mut t.state, &t.schedule, T0 + 3 * STEP + 1), 4);
+    assert_eq!(t.state.next_fire_ms, Some(T0 + 4 * STEP));
+    assert_eq!(t.state.last_scheduled_ms, Some(T0 + 3 * STEP));
+    assert_eq!(t.state.fires, 4);
+    // Idempotent at the same mark, and nothing before the first instant.
+    assert_eq!(advance(&mut t.state, &t.schedule, T0 + 3 * STEP + 1), 0);
+    let mut early = state.clone();
+    assert_eq!(advance(&mut early, &t.schedule, T0 - 1), 0);
+    assert_eq!(early, state);
+}
+
+#[test]
+fn advance_keeps_max_fires_and_leaves_paused_timers_alone() {
+    let mut def = every_10s();
+    def.max_fires = Some(2);
+    let mut t = Timer::new(def, T0 - 1);
+    assert_eq!(advance(&mut t.state, &t.schedule, T0 + 10 * STEP), 2);
+    assert_eq!((t.state.next_fire_ms, t.state.fires), (None, 2));
+    let mut t = Timer::new(paused(every_10s(), true), T0 - 1);
+    let before = t.state.clone();
+    assert_eq!(advance(&mut t.state, &t.schedule, T0 + 10 * STEP), 0);
+    assert_eq!(t.state, before);
+}
+
+/// A timer written long ago is brought up to date without a step per instant, to the same next
+/// instant as stepping.
+#[test]
+fn advance_jumps_over_a_long_gap_to_the_same_next_instant() {
+    let mut def = job(every(1_000));
+    def.jitter_ms = 700;
+    let mut t = Timer::new(def, T0 - 1);
+    let through = T0 + 30 * 86_400_000 + 123;
+    advance(&mut t.state, &t.schedule, through);
+    let next = t.state.next_fire_ms.unwrap();
+    assert!(fire_at(&t.state.definition, next) > through);
+    // Stepping from a state just before the mark gives the same next instant.
+    let mut near = Timer::new(t.state.definition.clone(), through - 5_000);
+    advance(&mut near.state, &near.schedule, through);
+    assert_eq!(near.state.next_fire_ms, Some(next));
+}
+
+#[test]
+fn only_a_plain_fire_is_plain() {
+    let limits = FireLimits {
+        completes_at_fire: true,
+        ..LIMITS
+    };
+    // On time, nothing pending: plain.
+    let mut t = Timer::new(every_10s(), T0 - 1);
+    let before = Plain::of(&t.state);
+    let fired = t.fire_with(T0 + 5, limits);
+    assert!(fired_plainly(before, &t.state, &fired, T0 + 5));
+    // A catch-up after a misfire is not.
+    let mut t = Timer::new(every_10s(), T0 - 1);
+    let before = Plain::of(&t.state);
+    let fired = t.fire_with(T0 + 10 * STEP + 5, limits);
+    assert!(!fired_plainly(before, &t.state, &fired, T0 + 10 * STEP + 5));
+    // A run left in flight (overlap skip, delivered by a worker) is not.
+    let mut def = every_10s();
+    def.overlap = OverlapPolicy::Skip;
+    let mut t = Timer::new(def, T0 - 1);
+    let before = Plain::of(&t.state);
+    let fired = t.fire(T0 + 5);
+    assert!(!fired_plainly(before, &t.state, &fired, T0 + 5));
+    // A fire count to keep is not.
+    let mut def = every_10s();
+    def.max_fires = Some(5);
+    let mut t = Timer::new(def, T0 - 1);
+    let before = Plain::of(&t.state);
+    let fired = t.fire(T0 + 5);
+    assert!(!fired_plainly(before, &t.state, &fired, T0 + 5));
+    // A manual trigger is not.
+    let mut t = Timer::new(every_10s(), T0 - 1);
+    t.control(
+        ControlRecord::Trigger {
+            requested_ms: T0 + 1,
+        },
+        T0 + 1,
+    );
+    let before = Plain::of(&t.state);
+    let fired = t.fire(T0 + 5);
+    assert!(!fired_plainly(before, &t.state, &fired, T0 + 5));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(192))]
+
+    /// Whatever sequence of plain fires a timer went through, `advance` from the state before
+    /// them, through the last fire's instant (or any later one before its next wake), gives the
+    /// state they left.
+    #[test]
+    fn advance_replays_any_run_of_plain_fires(
+        period in 1_000u64..120_000,
+        jitter in prop_oneof![Just(0u64), 1u64..5_000],
+        gaps in proptest::collection::vec(1i64..200_000, 1..40),
+        slack in 0i64..1_000_000,
+    ) {
+        let mut def = job(every(period));
+        def.jitter_ms = jitter;
+        let mut t = Timer::new(def, T0 - 1);
+        let written = t.state.clone();
+        let limits = FireLimits { completes_at_fire: true, misfire_threshold_ms: i64::MAX, ..LIMITS };
+        let mut now = T0;
+        let mut last: Option<(i64, TimerState)> = None;
+        for gap in gaps {
+            now += gap;
+            let before = Plain::of(&t.state);
+            let fired = t.fire_with(now, limits);
+            if fired.runs.is_empty() {
+                continue;
+            }
+            if !fired_plainly(before, &t.state, &fired, now) {
+                break;
+            }
+            let mut replayed = written.clone();
+            advance(&mut replayed, &t.schedule, now);
+            prop_assert_eq!(&replayed, &t.state);
+            last = Some((now, t.state.clone()));
+        }
+        if let Some((at, state)) = last {
+            if let Some(wake) = wake_at(&state) {
+                // Any mark from the last plain fire to just before the next wake replays the
+                // same.
+                let mark = (at + slack).min(wake - 1);
+                let mut replayed = written.clone();
+                advance(&mut replayed, &t.schedule, mark);
+                prop_assert_eq!(replayed.next_fire_ms, state.next_fire_ms);
             }
         }
     }
