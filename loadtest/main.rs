@@ -132,7 +132,7 @@ pub struct Args {
     #[arg(long, default_value_t = 60)]
     pub settle_max_s: u64,
     /// `scheduler.tick_ms` of the nodes.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.tick_ms)]
     pub tick_ms: u64,
     /// `scheduler.transaction_timeout_ms` of the nodes: also how long a dead node's open
     /// transaction holds back every `read_committed` reader of the partitions it wrote.

@@ -121,7 +121,8 @@ pub struct SchedulerConfig {
     pub node_id: Option<String>,
     /// RocksDB directory (a cache of Kafka: deleting it loses nothing).
     pub data_dir: PathBuf,
-    /// Firing resolution; ticks align to multiples of it on the wall clock.
+    /// Firing resolution; ticks align to multiples of it on the wall clock. Default 100 ms: a
+    /// run is visible about a tick plus a transaction after its instant.
     pub tick_ms: u64,
     /// Runs per firing transaction; a larger herd is cut into several. A transaction's fixed
     /// cost grows with the partitions it touches (a commit marker on each, up to every `timers`
@@ -166,7 +167,7 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             node_id: None,
             data_dir: PathBuf::from("./tocsin-data"),
-            tick_ms: 1000,
+            tick_ms: 100,
             max_runs_per_transaction: 60_000,
             transaction_timeout_ms: 10_000,
             misfire_threshold_ms: 60_000,

@@ -320,3 +320,39 @@ async fn bad_input_is_rejected_and_its_partition_keeps_firing() {
         .expect("unknown zone not rejected");
     assert!(zone_reason.contains("Mars/Olympus"), "{zone_reason}");
 }
+
+/// A partition with more due than its share of one scan (1,000 entries at 1024 partitions)
+/// fires all of it in the same tick, not one slice per tick.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_with_more_due_than_its_scan_share_fires_in_one_tick() {
+    let (mut config, dir) = setup_sized("scanshare", 1024).await;
+    let tick = 20_000;
+    config.scheduler.tick_ms = tick as u64;
+    let node = Node::start_active(&config, dir.path(), "n1");
+    let ids: Vec<String> = (0..)
+        .map(|i| format!("crowd-{i}"))
+        .filter(|k| partition_for(k.as_bytes(), 1024) == 0)
+        .take(2_500)
+        .collect();
+    // The first tick instant at least 8 s away, so every definition is in before it.
+    let at = (now_ms() + 8_000) / tick * tick + tick;
+    let jobs: Vec<_> = ids
+        .iter()
+        .map(|id| job(id, "acme", ScheduleSpec::Once { at_ms: at }))
+        .collect();
+    put_jobs(&config, &jobs).await;
+    sleep_until(at + 5_000);
+    node.stop();
+    let seen = audit(&config, Duration::from_secs(2));
+    assert!(duplicates(&seen).is_empty(), "duplicate runs");
+    let fired: BTreeSet<&str> = seen.iter().map(|s| s.run.job_id.as_str()).collect();
+    assert_eq!(fired.len(), ids.len(), "runs missing");
+    let late: Vec<_> = seen.iter().filter(|s| s.fire_ms >= at + tick).collect();
+    assert!(
+        late.is_empty(),
+        "{} of {} runs due at {at} fired in a later tick, e.g. {:?}",
+        late.len(),
+        seen.len(),
+        late.first().map(|s| s.fire_ms)
+    );
+}

@@ -55,6 +55,9 @@ const SCHEDULE_CACHE: usize = 100_000;
 /// than this is taken in slices, and a small tenant's runs in a later slice wait for it. At
 /// about 100 bytes an entry, a million is 100 MB for the moment of a herd that size.
 const SCAN_LIMIT: usize = 1_000_000;
+/// Scans of one tick: a partition with more due than its share of `SCAN_LIMIT` is scanned
+/// again until nothing due is left, at most this often.
+const SCAN_ROUNDS: usize = 64;
 /// Transactions a job's records may fail, refused by the broker for what they are, before the
 /// job is set aside in `jobs.rejected`. Two, so one odd refusal is retried.
 const QUARANTINE_AFTER: u32 = 2;
@@ -921,23 +924,31 @@ impl Engine {
         if active.is_empty() {
             return Ok(());
         }
-        // Two rounds at most: the second picks up what the scan limit left behind.
-        for _ in 0..2 {
+        // A partition whose scan stopped at its share of the limit is scanned again in the
+        // same tick, until nothing due is left (or `SCAN_ROUNDS`: a timer that cannot move
+        // on, such as one whose stored schedule no longer parses, must not hold the tick).
+        let mut scan = active;
+        for _ in 0..SCAN_ROUNDS {
             let scanned = Instant::now();
             let mut due = Vec::new();
-            let per_partition = (SCAN_LIMIT / active.len()).max(1_000);
-            for p in &active {
+            let per_partition = (SCAN_LIMIT / scan.len()).max(1_000);
+            let mut truncated = Vec::new();
+            for p in &scan {
+                let before = due.len();
                 self.store.due(*p as u16, now, per_partition, &mut due)?;
+                if due.len() - before >= per_partition {
+                    truncated.push(*p);
+                }
             }
             if due.is_empty() {
                 return Ok(());
             }
             debug!(
                 due = due.len(),
+                truncated = truncated.len(),
                 scan_ms = scanned.elapsed().as_millis() as u64,
                 "due scanned"
             );
-            let truncated = due.len() >= SCAN_LIMIT;
             let ordered = interleave_by_tenant(due);
             for chunk in ordered.chunks(self.config.scheduler.max_runs_per_transaction) {
                 self.transact(Vec::new(), chunk)?;
@@ -947,7 +958,14 @@ impl Engine {
                     self.transact(more, &[])?;
                 }
             }
-            if !truncated {
+            if truncated.is_empty() {
+                return Ok(());
+            }
+            scan = truncated
+                .into_iter()
+                .filter(|p| matches!(self.parts.get(p), Some(Phase::Active)))
+                .collect();
+            if scan.is_empty() {
                 return Ok(());
             }
         }
@@ -1893,6 +1911,14 @@ fn new_producer(
     );
     c.set("queue.buffering.max.messages", "2000000");
     c.set("queue.buffering.max.kbytes", "2097151");
+    // Back-to-back transactions meet CONCURRENT_TRANSACTIONS while the previous one's markers
+    // are written; librdkafka's default backoff (100 ms, growing to 1 s) would cost more than
+    // a transaction. Unless the `[kafka]` table says otherwise.
+    for (key, value) in [("retry.backoff.ms", "5"), ("retry.backoff.max.ms", "50")] {
+        if !config.kafka.contains_key(key) {
+            c.set(key, value);
+        }
+    }
     // A `kafka` job's missing target must not be created by a produce to it (the broker's
     // `auto.create.topics.enable` is on by default): it sends the run to `dead`.
     c.set("allow.auto.create.topics", "false");

@@ -289,16 +289,28 @@ pub fn fire_due(
         return out;
     }
 
-    // Retries, manual triggers and backfill instants: requests, not schedule instants, so
+    // Retries, manual triggers and backfill instants are requests, not schedule instants, so
     // neither the overlap policy nor max_fires applies to them.
     let mut waiting = Vec::new();
     for p in std::mem::take(&mut state.pending) {
         if p.not_before_ms <= now_ms && out.runs.len() < limits.max_runs {
-            out.runs.push(Due {
-                scheduled_ms: p.scheduled_ms,
-                attempt: p.attempt,
-                reason: p.reason,
-            });
+            match p.reason {
+                // Schedule instants waiting here (a `buffer_one` instant released by its
+                // predecessor's completion, catch-up instants queued by a resume) are fired as
+                // schedule instants: counted against max_fires, held by the overlap policy.
+                FireReason::Schedule | FireReason::CatchUp if p.attempt == 1 => schedule_fire(
+                    state,
+                    p.scheduled_ms,
+                    p.reason,
+                    limits.completes_at_fire,
+                    &mut out,
+                ),
+                _ => out.runs.push(Due {
+                    scheduled_ms: p.scheduled_ms,
+                    attempt: p.attempt,
+                    reason: p.reason,
+                }),
+            }
         } else {
             waiting.push(p);
         }

@@ -323,7 +323,6 @@ fn overlap_buffer_one_keeps_one_instant_for_after_the_run() {
 }
 
 #[test]
-#[ignore = "bug: a buffer_one run released by a completion is not marked in flight, so the next instant runs beside it"]
 fn overlap_buffer_one_released_run_is_in_flight() {
     let mut t = Timer::new(
         JobDefinition {
@@ -350,7 +349,6 @@ fn overlap_buffer_one_released_run_is_in_flight() {
 }
 
 #[test]
-#[ignore = "bug: a buffer_one run released by a completion is not counted against max_fires"]
 fn overlap_buffer_one_released_runs_count_toward_max_fires() {
     let mut t = Timer::new(
         JobDefinition {
@@ -744,7 +742,6 @@ fn resuming_before_the_next_instant_changes_nothing() {
 }
 
 #[test]
-#[ignore = "bug: catch-up runs queued on resume go through `pending`, so max_fires does not count them"]
 fn resuming_respects_max_fires() {
     for misfire in [MisfirePolicy::FireOnce, MisfirePolicy::FireAll] {
         let def = JobDefinition {
@@ -765,7 +762,6 @@ fn resuming_respects_max_fires() {
 }
 
 #[test]
-#[ignore = "bug: catch-up runs queued on resume go through `pending`, so overlap skip does not hold them back"]
 fn resuming_respects_overlap_skip() {
     let def = JobDefinition {
         overlap: OverlapPolicy::Skip,
