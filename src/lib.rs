@@ -3,12 +3,25 @@
 //! The modules follow the data flow: `model` (jobs, schedules, runs; pure), `codec` (Avro),
 //! `kafka` (clients, admin), `scheduler` (ownership, restore, bucket index, firing), `worker`,
 //! `http` (each node's /metrics, /healthz, /readyz and /status), and `cli` (the `tocsin` binary).
+//!
+//! Without the default feature `runtime` only `model`, `codec` and `config` build, with no
+//! librdkafka or RocksDB: the fuzz targets (`fuzz/`) use that.
 
+#[cfg(feature = "runtime")]
 pub mod cli;
 pub mod codec;
 pub mod config;
+#[cfg(feature = "runtime")]
 pub mod http;
+#[cfg(feature = "runtime")]
 pub mod kafka;
 pub mod model;
+#[cfg(feature = "runtime")]
 pub mod scheduler;
+#[cfg(feature = "runtime")]
 pub mod worker;
+/// Without `runtime`, only the worker's policy, whose host rules the configuration checks.
+#[cfg(not(feature = "runtime"))]
+pub mod worker {
+    pub mod policy;
+}

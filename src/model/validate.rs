@@ -521,6 +521,34 @@ mod tests {
     }
 
     #[test]
+    fn interval_over_the_longest_a_record_carries() {
+        // Found by fuzzing: accepted, this interval was stored as `i64::MAX` ms, so the
+        // scheduler would have fired it on other instants than the CLI showed.
+        let mut def = job();
+        def.schedule = ScheduleSpec::Interval {
+            every_ms: i64::MAX as u64 + 1,
+            anchor_ms: -NOW,
+        };
+        assert_eq!(
+            check(&def).unwrap_err().to_string(),
+            format!(
+                "interval {} ms for job \"billing-7\" is over the maximum of {} ms",
+                i64::MAX as u64 + 1,
+                i64::MAX
+            )
+        );
+        def.schedule = ScheduleSpec::Interval {
+            every_ms: i64::MAX as u64,
+            anchor_ms: -NOW,
+        };
+        let schedule = check(&def).unwrap();
+        let back: JobDefinition =
+            codec::decode(&codec::encode(&def, &Framing::SingleObject)).expect("decodes");
+        assert_eq!(back, def);
+        assert_eq!(check(&back).unwrap(), schedule);
+    }
+
+    #[test]
     fn end_must_be_after_start() {
         assert_eq!(
             message(|d| {
@@ -776,14 +804,14 @@ mod tests {
         assert_eq!(
             message(|d| {
                 d.schedule = ScheduleSpec::Interval {
-                    every_ms: u64::MAX,
-                    anchor_ms: 0,
+                    every_ms: i64::MAX as u64,
+                    anchor_ms: NOW,
                 }
             }),
             format!(
-                "interval every {} ms from anchor 0 for job \"billing-7\" never fires after \
+                "interval every {} ms from anchor {NOW} for job \"billing-7\" never fires after \
                  2025-06-15T15:06:40Z",
-                u64::MAX
+                i64::MAX
             )
         );
         // Past the time-zone data's horizon.

@@ -29,6 +29,10 @@ use crate::model::job::{
 /// The shortest interval a job may have.
 pub const MIN_INTERVAL_MS: u64 = 1_000;
 
+/// The longest interval a job may have: the largest that its records carry (an Avro `long`,
+/// which writes a longer one as this, so that it would fire on other instants when read back).
+pub const MAX_INTERVAL_MS: u64 = i64::MAX as u64;
+
 /// Counting missed cron instants walks them one by one; past this many `Misfire::missed` stops
 /// counting, so a long outage of a per-second cron job costs milliseconds, not seconds.
 /// Intervals are counted exactly.
@@ -49,6 +53,8 @@ pub enum ScheduleError {
     UnknownZone { job: String, zone: String },
     #[error("interval {every_ms} ms for job {job:?} is under the minimum of {MIN_INTERVAL_MS} ms")]
     IntervalTooShort { job: String, every_ms: u64 },
+    #[error("interval {every_ms} ms for job {job:?} is over the maximum of {MAX_INTERVAL_MS} ms")]
+    IntervalTooLong { job: String, every_ms: u64 },
 }
 
 /// What a schedule is, parsed.
@@ -112,6 +118,12 @@ impl Schedule {
             } => {
                 if *every_ms < MIN_INTERVAL_MS {
                     return Err(ScheduleError::IntervalTooShort {
+                        job: job_id.into(),
+                        every_ms: *every_ms,
+                    });
+                }
+                if *every_ms > MAX_INTERVAL_MS {
+                    return Err(ScheduleError::IntervalTooLong {
                         job: job_id.into(),
                         every_ms: *every_ms,
                     });

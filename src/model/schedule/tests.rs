@@ -663,9 +663,17 @@ fn interval_near_the_ends_of_time() {
     let s = interval(1_000, 0);
     assert_eq!(s.next_after(i64::MAX - 10), None);
     assert_eq!(s.next_after(i64::MIN), Some(-9_223_372_036_854_775_000));
-    let s = interval(u64::MAX, 5);
+    let s = interval(MAX_INTERVAL_MS, 5);
     assert_eq!(s.next_after(0), Some(5));
     assert_eq!(s.next_after(5), None);
+    let longer = ScheduleSpec::Interval {
+        every_ms: MAX_INTERVAL_MS + 1,
+        anchor_ms: 5,
+    };
+    assert!(matches!(
+        Schedule::from_spec("test", &longer),
+        Err(ScheduleError::IntervalTooLong { .. })
+    ));
 }
 
 #[test]
