@@ -125,12 +125,12 @@ pub struct SchedulerConfig {
     /// run is visible about a tick plus a transaction after its instant.
     pub tick_ms: u64,
     /// Runs per firing transaction; a larger herd is cut into several. A transaction's fixed
-    /// cost grows with the partitions it touches (a commit marker on each, up to every `timers`
-    /// partition), so with 1024 partitions small transactions are slow: on the 2-core reference
-    /// machine, raw transactional produce went from 3,400 to 24,600 fires/s from 5,000 to
-    /// 20,000 per transaction, and a 300,000-run herd at 1024 partitions from 28,800 to 35,600
-    /// fires/s from 20,000 to 60,000 (the default). A node holds a transaction's records in
-    /// memory until it commits (about 3 records a run).
+    /// cost grows with the partitions it touches (a commit marker on each). A transaction that
+    /// leaves timers of a partition due (a herd cut into several) writes the timers it fires
+    /// there, up to every `timers` partition, so with 1024 partitions small herd transactions
+    /// are slow: on the 2-core reference machine, a 300,000-run herd at 1024 partitions went
+    /// from 28,800 to 35,600 fires/s from 20,000 to 60,000 (the default). A node holds a
+    /// transaction's records in memory until it commits (about 2–3 records a run).
     pub max_runs_per_transaction: usize,
     /// Kept short: an open transaction of a stalled node holds back readers until it aborts.
     pub transaction_timeout_ms: u64,

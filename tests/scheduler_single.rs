@@ -15,6 +15,10 @@ use tocsin::codec::{self, Framing};
 use tocsin::kafka::partitioner::partition_for;
 use tocsin::model::job::{MisfirePolicy, ScheduleSpec};
 
+/// Each test times its runs against the wall clock, and one loads the broker with 1024
+/// partitions: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn wait_active(node: &Node, partitions: usize) {
     wait_until(Duration::from_secs(60), "all partitions active", || {
         node.log_text().matches("partition active").count() >= partitions
@@ -30,6 +34,7 @@ fn sleep_until(ms: i64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
+    let _g = SERIAL.lock().await;
     let (config, dir) = setup("single").await;
     let node = Node::start(&config, dir.path(), "n1");
     wait_active(&node, config.topics.job_partitions as usize);
@@ -227,6 +232,7 @@ async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_is_rejected_and_its_partition_keeps_firing() {
+    let _g = SERIAL.lock().await;
     let (config, dir) = setup("rejected").await;
     let node = Node::start(&config, dir.path(), "n1");
     wait_active(&node, config.topics.job_partitions as usize);
@@ -270,12 +276,16 @@ async fn bad_input_is_rejected_and_its_partition_keeps_firing() {
     .await;
     put_jobs(&config, &[job(&good_id, "acme", every(1000))]).await;
     std::thread::sleep(Duration::from_secs(4));
-    node.stop();
+    let log = node.stop();
 
     let seen = audit(&config, Duration::from_secs(2));
     assert!(
         seen.iter().filter(|s| s.run.job_id == good_id).count() >= 2,
-        "the good job did not fire"
+        "the good job did not fire twice: {:?}\n{log}",
+        seen.iter()
+            .filter(|s| s.run.job_id == good_id)
+            .map(|s| (s.run.scheduled_ms, s.fire_ms))
+            .collect::<Vec<_>>()
     );
     assert!(
         !seen.iter().any(|s| s.run.job_id != good_id),
@@ -325,6 +335,7 @@ async fn bad_input_is_rejected_and_its_partition_keeps_firing() {
 /// fires all of it in the same tick, not one slice per tick.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partition_with_more_due_than_its_scan_share_fires_in_one_tick() {
+    let _g = SERIAL.lock().await;
     let (mut config, dir) = setup_sized("scanshare", 1024).await;
     let tick = 20_000;
     config.scheduler.tick_ms = tick as u64;
