@@ -1,4 +1,4 @@
-//! `tocsin-loadtest`: the system benchmark and exactly-once audit of Tocsin (DESIGN §7).
+//! `tocsin-loadtest`: the system benchmark and exactly-once audit of Tocsin.
 //!
 //! It runs real `tocsin scheduler` processes against a real broker, loads jobs through `jobs`
 //! as users do, reads the lanes as a `read_committed` worker would, and reports what it saw:

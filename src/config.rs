@@ -56,7 +56,7 @@ impl Default for Config {
     }
 }
 
-/// Partition counts and replication of the topics of DESIGN §1.
+/// Partition counts and replication of the fleet's topics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TopicsConfig {

@@ -1,4 +1,4 @@
-//! The HTTP endpoint of every node (DESIGN §6): `/metrics` (Prometheus text), `/healthz`,
+//! The HTTP endpoint of every node: `/metrics` (Prometheus text), `/healthz`,
 //! `/readyz` and `/status` (JSON).
 //!
 //! It owns: the listening socket and the process's metrics recorder. It must never change the

@@ -62,7 +62,7 @@ pub enum Ensured {
     Existed,
 }
 
-/// The topics of DESIGN §1 that are not per tenant.
+/// The fleet's topics that are not per tenant (README, Architecture).
 pub fn fleet_topics(config: &Config) -> Vec<TopicSpec> {
     let t = &config.topics;
     let spec = |name: &str, partitions, cleanup| TopicSpec {

@@ -1,4 +1,4 @@
-//! Giving lane partitions back on rebalance (DESIGN §4): on revoke, stop taking records from the
+//! Giving lane partitions back on rebalance: on revoke, stop taking records from the
 //! partitions, let the runs started from them finish (bounded), hand back those not started,
 //! commit synchronously while the partitions are still ours, and forget them.
 //!
