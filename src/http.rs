@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::scheduler::NodeStatus;
+use crate::node::NodeStatus;
 
 /// Largest request head (request line and headers) read; a longer one gets 431.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -147,14 +147,14 @@ impl Endpoint {
         let s = self.scheduler.as_ref()?;
         let since = s.failing_since_ms.load(Ordering::Relaxed);
         let failing_for = now_ms() - since;
-        if since == 0 || failing_for <= crate::scheduler::STALL_LIMIT_MS {
+        if since == 0 || failing_for <= crate::node::STALL_LIMIT_MS {
             return None;
         }
         let last = s.last_error.lock().unwrap().clone();
         Some(format!(
             "scheduler: every step failed for {} s (limit {} s); last error: {}",
             failing_for / 1000,
-            crate::scheduler::STALL_LIMIT_MS / 1000,
+            crate::node::STALL_LIMIT_MS / 1000,
             last.map_or_else(|| "none".into(), |(_, e)| e)
         ))
     }
@@ -542,7 +542,7 @@ mod tests {
             "not ready: scheduler: the last step failed: kafka: broker down\n"
         );
         status.failing_since_ms.store(
-            now_ms() - crate::scheduler::STALL_LIMIT_MS - 1_000,
+            now_ms() - crate::node::STALL_LIMIT_MS - 1_000,
             Ordering::Relaxed,
         );
         let h = get(&e, "/healthz");

@@ -16,6 +16,7 @@ pub mod http;
 #[cfg(feature = "runtime")]
 pub mod kafka;
 pub mod model;
+pub mod node;
 #[cfg(feature = "runtime")]
 pub mod scheduler;
 #[cfg(feature = "runtime")]

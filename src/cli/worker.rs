@@ -136,6 +136,6 @@ pub async fn run(mut config: Config, args: &WorkerArgs) -> anyhow::Result<()> {
     // The lanes exist and the consumer loop starts now; the worker does not report when the
     // group assigns it lanes, so ready means "consuming", not "assigned".
     ready.store(true, Ordering::Relaxed);
-    worker::run(config, opts, crate::scheduler::system_clock(), shutdown).await?;
+    worker::run(config, opts, crate::node::system_clock(), shutdown).await?;
     Ok(())
 }

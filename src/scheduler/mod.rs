@@ -16,25 +16,16 @@ pub mod fire;
 pub mod progress;
 pub mod store;
 
+// The clock and the status are every node's, not the scheduler's; kept here under their old
+// paths too.
+pub use crate::node::{system_clock, NodeStatus, NowFn, STALL_LIMIT_MS};
+
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-
-/// The clock, injectable for tests: milliseconds since the Unix epoch.
-pub type NowFn = Arc<dyn Fn() -> i64 + Send + Sync>;
-
-pub fn system_clock() -> NowFn {
-    Arc::new(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0)
-    })
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
@@ -57,27 +48,6 @@ pub enum SchedulerError {
     #[error("scheduler thread panicked")]
     Panicked,
 }
-
-/// What a node reports about itself (health, readiness, metrics).
-#[derive(Debug, Default)]
-pub struct NodeStatus {
-    /// True when every owned partition is Active and the last step succeeded.
-    pub ready: AtomicBool,
-    pub owned: AtomicUsize,
-    pub active: AtomicUsize,
-    pub fires: AtomicU64,
-    /// When the steps started failing without a success since (ms since the epoch), or 0 while
-    /// the last step succeeded. `/healthz` fails once this is older than `STALL_LIMIT_MS`.
-    pub failing_since_ms: AtomicI64,
-    /// The last step's error and when it happened, for `/status` and `/readyz`.
-    pub last_error: Mutex<Option<(i64, String)>>,
-}
-
-/// A node whose every step has failed for this long cannot make progress on its own (a
-/// producer wedged after a broker outage, a store that cannot write): `/healthz` fails so an
-/// orchestrator restarts it. Longer than a broker restart takes, so a restart alone does not
-/// cost the node its state.
-pub const STALL_LIMIT_MS: i64 = 120_000;
 
 /// Runs a scheduler node until `shutdown` is cancelled.
 pub async fn run(

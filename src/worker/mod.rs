@@ -28,7 +28,7 @@ use tracing::{info, warn};
 use crate::codec::{self, Framing};
 use crate::config::Config;
 use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
-use crate::scheduler::NowFn;
+use crate::node::NowFn;
 pub use handler::{Handler, HandlerResult, Handlers};
 use ledger::Ledger;
 use offsets::Taken;

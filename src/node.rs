@@ -1,0 +1,39 @@
+//! What every node, scheduler or worker, has of its own: its clock and the status it reports
+//! (`/healthz`, `/readyz`, `/status`). The two roles meet only through topics; this module is
+//! what they share in code instead of one importing the other.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+
+/// The clock, injectable for tests: milliseconds since the Unix epoch.
+pub type NowFn = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+pub fn system_clock() -> NowFn {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
+    })
+}
+
+/// What a node reports about itself (health, readiness, metrics).
+#[derive(Debug, Default)]
+pub struct NodeStatus {
+    /// True when every owned partition is Active and the last step succeeded.
+    pub ready: AtomicBool,
+    pub owned: AtomicUsize,
+    pub active: AtomicUsize,
+    pub fires: AtomicU64,
+    /// When the steps started failing without a success since (ms since the epoch), or 0 while
+    /// the last step succeeded. `/healthz` fails once this is older than `STALL_LIMIT_MS`.
+    pub failing_since_ms: AtomicI64,
+    /// The last step's error and when it happened, for `/status` and `/readyz`.
+    pub last_error: Mutex<Option<(i64, String)>>,
+}
+
+/// A node whose every step has failed for this long cannot make progress on its own (a
+/// producer wedged after a broker outage, a store that cannot write): `/healthz` fails so an
+/// orchestrator restarts it. Longer than a broker restart takes, so a restart alone does not
+/// cost the node its state.
+pub const STALL_LIMIT_MS: i64 = 120_000;
