@@ -10,7 +10,8 @@ use crate::config::Config;
 use crate::http;
 use crate::kafka::admin::{fleet_topics, Admin};
 use crate::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
-use crate::scheduler::{self, NodeStatus};
+use crate::node::{system_clock, NodeStatus};
+use crate::scheduler;
 use crate::worker::{self, WorkerOptions};
 
 #[derive(Debug, Args)]
@@ -64,14 +65,14 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     let sched = tokio::spawn(scheduler::run(
         config.clone(),
         "dev".into(),
-        scheduler::system_clock(),
+        system_clock(),
         status,
         shutdown.clone(),
     ));
     let mut opts = WorkerOptions::new("dev");
     opts.on_finished = Some(Arc::new(super::worker::print_finished));
     worker_ready.store(true, Ordering::Relaxed);
-    let work = worker::run(config, opts, scheduler::system_clock(), shutdown.clone());
+    let work = worker::run(config, opts, system_clock(), shutdown.clone());
     let (s, w) = tokio::join!(sched, work);
     s??;
     w?;

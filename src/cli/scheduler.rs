@@ -7,7 +7,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::http;
 use crate::kafka::admin::{fleet_topics, Admin};
-use crate::scheduler::{self, NodeStatus};
+use crate::node::{system_clock, NodeStatus};
+use crate::scheduler;
 
 #[derive(Debug, Args)]
 pub struct SchedulerArgs {
@@ -50,7 +51,7 @@ pub async fn run(mut config: Config, args: &SchedulerArgs) -> anyhow::Result<()>
         tracing::info!("signal received; stopping");
         signals.cancel();
     });
-    scheduler::run(config, node_id, scheduler::system_clock(), status, shutdown).await?;
+    scheduler::run(config, node_id, system_clock(), status, shutdown).await?;
     Ok(())
 }
 

@@ -3,8 +3,9 @@
 //! each run exactly once, as soon as it fires, with no lane record and no worker in between.
 //!
 //! What this module owns: the headers of a delivered record, and the cache of target topics
-//! that tells a writable target from a missing or refused one before anything is produced. A target that is missing or refuses the record sends the run to `dead`; it never
-//! holds up the transaction, which carries other jobs' runs too.
+//! that tells a writable target from a missing or refused one before anything is produced. A
+//! target that is missing or refuses the record sends the run to `dead`; it never holds up the
+//! transaction, which carries other jobs' runs too.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

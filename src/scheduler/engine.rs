@@ -21,7 +21,7 @@ use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
-use super::{NodeStatus, NowFn, SchedulerError};
+use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery};
 use crate::kafka::admin::{lane_topic, Admin, AdminError};
@@ -31,6 +31,7 @@ use crate::model::records::{
 };
 use crate::model::schedule::Schedule;
 use crate::model::validate::{validate, Limits};
+use crate::node::{NodeStatus, NowFn};
 
 type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
@@ -213,19 +214,25 @@ pub struct Engine {
 /// Changes of one transaction, applied to RocksDB only after it commits.
 struct Txn {
     batch: super::store::Batch,
-    /// Timers this transaction changed, as they stand (`None`: deleted). Written to `timers`
-    /// and the store once, by `flush`, at the end of the transaction.
-    overlay: HashMap<(i32, String), Option<TimerState>>,
-    /// Of the timers changed, their wake instant in the store before this transaction.
-    stored_wake: HashMap<(i32, String), Option<i64>>,
-    /// Timers changed other than by a plain fire: always written to `timers`.
-    dirty: HashSet<(i32, String)>,
+    /// Timers this transaction changed, by (partition, job). Written to `timers` and the
+    /// store once each, by `flush`, at the end of the transaction.
+    changed: HashMap<(i32, String), Change>,
     positions: BTreeMap<(String, i32), i64>,
     fired_partitions: BTreeSet<i32>,
-    /// Per partition changed, this transaction's progress sequence, and whether it records
-    /// `fired` (then its plain fires are not written to `timers`).
-    seqs: BTreeMap<i32, (u64, bool)>,
+    /// Per partition changed, its progress once this transaction commits (set by `flush`).
+    progress: BTreeMap<i32, Progress>,
     runs: u64,
+}
+
+/// One timer a transaction changed.
+struct Change {
+    /// As it stands (`None`: deleted).
+    state: Option<TimerState>,
+    /// Its wake instant in the store before this transaction.
+    stored_wake: Option<i64>,
+    /// Changed only by plain fires (`fire::fired_plainly`): not written to `timers` when
+    /// the partition's progress records them.
+    plain: bool,
 }
 
 impl Txn {
@@ -238,12 +245,21 @@ impl Txn {
         old_wake: Option<i64>,
         plain: bool,
     ) {
-        let key = (p, job.to_owned());
-        self.stored_wake.entry(key.clone()).or_insert(old_wake);
-        if !plain {
-            self.dirty.insert(key.clone());
+        use std::collections::hash_map::Entry;
+        match self.changed.entry((p, job.to_owned())) {
+            Entry::Occupied(mut e) => {
+                let c = e.get_mut();
+                c.state = state;
+                c.plain &= plain;
+            }
+            Entry::Vacant(e) => {
+                e.insert(Change {
+                    state,
+                    stored_wake: old_wake,
+                    plain,
+                });
+            }
         }
-        self.overlay.insert(key, state);
     }
 }
 
@@ -871,10 +887,10 @@ impl Engine {
     /// Brings the restored timers of `p` that were fired plainly since they were written up to
     /// the partition's committed progress (`progress`). Returns how many it advanced.
     fn advance_to_progress(&mut self, p: i32) -> Result<usize> {
-        let Some(fired) = self.progress.get(&p).and_then(|pr| pr.fired) else {
+        let progress = self.progress.get(&p).copied().unwrap_or_default();
+        let Some(fired) = progress.fired else {
             return Ok(0);
         };
-        let progress = self.progress[&p];
         let started = Instant::now();
         let mut due = Vec::new();
         self.store
@@ -980,12 +996,10 @@ impl Engine {
         self.producer.begin_transaction()?;
         let mut txn = Txn {
             batch: self.store.batch(),
-            overlay: HashMap::new(),
-            stored_wake: HashMap::new(),
-            dirty: HashSet::new(),
+            changed: HashMap::new(),
             positions: BTreeMap::new(),
             fired_partitions: BTreeSet::new(),
-            seqs: BTreeMap::new(),
+            progress: BTreeMap::new(),
             runs: 0,
         };
         let filled = self
@@ -993,7 +1007,7 @@ impl Engine {
             .and_then(|()| self.flush(&mut txn, now));
         let fill_ms = started.elapsed().as_millis() as u64;
         let result = filled.and_then(|()| {
-            let offsets = self.fence_offsets(&txn, now)?;
+            let offsets = self.fence_offsets(&txn)?;
             self.commit(&offsets)
         });
         let elapsed = started.elapsed();
@@ -1029,9 +1043,8 @@ impl Engine {
                 for (tp, o) in txn.positions {
                     self.committed.insert(tp, o);
                 }
-                for (p, (seq, fired)) in &txn.seqs {
-                    let progress = self.next_progress(*p, *seq, *fired, now);
-                    self.progress.insert(*p, progress);
+                for (p, progress) in &txn.progress {
+                    self.progress.insert(*p, *progress);
                     self.committed
                         .entry((self.topics.jobs.clone(), *p))
                         .or_insert(0);
@@ -1080,7 +1093,7 @@ impl Engine {
                         debug!(topic = %topic, partition = p, error = %e, "seek after abort failed");
                     }
                 }
-                for (_, job) in txn.overlay.keys() {
+                for (_, job) in txn.changed.keys() {
                     self.schedules.remove(job);
                 }
                 metrics::counter!("tocsin_transactions_aborted_total").increment(1);
@@ -1095,22 +1108,17 @@ impl Engine {
     /// Every `jobs` partition the transaction changed is among them, with its new progress
     /// (`progress`); one whose offset was never committed (nothing read from it yet) commits
     /// offset 0, which is where its reading starts anyway.
-    fn fence_offsets(&self, txn: &Txn, now: i64) -> Result<TopicPartitionList> {
+    fn fence_offsets(&self, txn: &Txn) -> Result<TopicPartitionList> {
         let mut tpl = TopicPartitionList::new();
-        let new_progress = |p: i32| {
-            txn.seqs
-                .get(&p)
-                .map(|(seq, fired)| self.next_progress(p, *seq, *fired, now))
-        };
         for ((topic, p), o) in &txn.positions {
-            self.add_offset(&mut tpl, topic, *p, *o, new_progress(*p))?;
+            self.add_offset(&mut tpl, topic, *p, *o, txn.progress.get(p).copied())?;
         }
-        let changed = txn.fired_partitions.iter().chain(txn.seqs.keys());
-        for p in changed.collect::<BTreeSet<_>>() {
+        // Every partition fired or changed has a progress (`flush`).
+        for (p, progress) in &txn.progress {
             let key = (self.topics.jobs.clone(), *p);
             if !txn.positions.contains_key(&key) {
                 let o = self.committed.get(&key).copied().unwrap_or(0);
-                self.add_offset(&mut tpl, &key.0, *p, o, new_progress(*p))?;
+                self.add_offset(&mut tpl, &key.0, *p, o, Some(*progress))?;
             }
         }
         if tpl.count() == 0 {
@@ -1125,87 +1133,75 @@ impl Engine {
         Ok(tpl)
     }
 
-    /// The progress of `p` once a transaction with sequence `seq` commits; `fired`: it
-    /// records that no timer of `p` wakes at or before `now`.
-    fn next_progress(&self, p: i32, seq: u64, fired: bool, now: i64) -> Progress {
-        let old = self.progress.get(&p).copied().unwrap_or_default();
-        Progress {
-            seq,
-            fired: if fired {
+    /// Writes the timers the transaction changed, once each, to the store's batch and, unless
+    /// they were only fired plainly in a partition whose progress now records the fire, to
+    /// `timers` (see `progress`); sets each changed partition's progress.
+    fn flush(&mut self, txn: &mut Txn, now: i64) -> Result<()> {
+        // Per partition: the jobs changed, and whether all of them wake later than `now`.
+        let mut by_partition: BTreeMap<i32, (HashSet<&str>, bool)> = txn
+            .fired_partitions
+            .iter()
+            .map(|p| (*p, (HashSet::new(), true)))
+            .collect();
+        for ((p, job), c) in &txn.changed {
+            let (jobs, later) = by_partition.entry(*p).or_insert((HashSet::new(), true));
+            jobs.insert(job.as_str());
+            *later &= c
+                .state
+                .as_ref()
+                .and_then(fire::wake_at)
+                .is_none_or(|w| w > now);
+        }
+        for (p, (jobs, changed_later)) in &by_partition {
+            let old = self.progress.get(p).copied().unwrap_or_default();
+            let seq = old.seq + 1;
+            // It records `fired` when every timer of `p` wakes later than `now` once this
+            // commits: those it changes, and the first of the others in the index.
+            let fired = *changed_later
+                && old.fired.is_none_or(|f| f.through_ms <= now)
+                && self
+                    .store
+                    .first_wake(*p as u16, |job| jobs.contains(job))?
+                    .is_none_or(|w| w > now);
+            let fired = if fired {
                 Some(FiredThrough {
                     through_ms: now,
                     seq,
                 })
             } else {
                 old.fired
-            },
+            };
+            txn.progress.insert(*p, Progress { seq, fired });
         }
-    }
-
-    /// Writes the timers the transaction changed, once each, to the store's batch and, unless
-    /// they were only fired plainly in a partition whose progress now records the fire, to
-    /// `timers` (see `progress`).
-    fn flush(&mut self, txn: &mut Txn, now: i64) -> Result<()> {
-        let mut by_partition: BTreeMap<i32, HashSet<&str>> = BTreeMap::new();
-        for (p, job) in txn.stored_wake.keys() {
-            by_partition.entry(*p).or_default().insert(job.as_str());
-        }
-        for p in &txn.fired_partitions {
-            by_partition.entry(*p).or_default();
-        }
-        let mut seqs = BTreeMap::new();
-        for (p, jobs) in &by_partition {
-            let old = self.progress.get(p).copied().unwrap_or_default();
-            let seq = old.seq + 1;
-            // Whether every timer of `p` wakes later than `now` once this commits: those it
-            // changes, as they stand, and the first of the others in the index.
-            let changed_later =
-                jobs.iter()
-                    .all(|job| match txn.overlay.get(&(*p, (*job).to_owned())) {
-                        Some(Some(state)) => fire::wake_at(state).is_none_or(|w| w > now),
-                        _ => true,
-                    });
-            let fired = changed_later
-                && old.fired.is_none_or(|f| f.through_ms <= now)
-                && self
-                    .store
-                    .first_wake(*p as u16, |job| jobs.contains(job))?
-                    .is_none_or(|w| w > now);
-            seqs.insert(*p, (seq, fired));
-        }
-        for ((p, job), old_wake) in &txn.stored_wake {
-            let (seq, fired) = seqs[p];
-            match txn.overlay.get(&(*p, job.clone())) {
-                Some(Some(state)) => {
-                    let bytes = encode_timer(state);
-                    if !fired || txn.dirty.contains(&(*p, job.clone())) {
-                        let seq_text = seq.to_string();
-                        let record = BaseRecord::to(&self.topics.timers)
-                            .partition(*p)
-                            .key(job.as_bytes())
-                            .payload(&bytes)
-                            .headers(
-                                OwnedHeaders::new().insert(h(SEQ_HEADER, seq_text.as_bytes())),
-                            );
-                        self.producer.send(record).map_err(|(e, _)| e)?;
-                    }
-                    let wake = fire::wake_at(state);
-                    txn.batch.put_timer(
-                        &self.store,
-                        *p as u16,
-                        state,
-                        &bytes,
-                        seq,
-                        *old_wake,
-                        wake,
-                    );
-                }
-                _ => txn
-                    .batch
-                    .delete_timer(&self.store, *p as u16, job, *old_wake),
+        for ((p, job), c) in &txn.changed {
+            let progress = txn.progress[p];
+            let Some(state) = &c.state else {
+                txn.batch
+                    .delete_timer(&self.store, *p as u16, job, c.stored_wake);
+                continue;
+            };
+            let bytes = encode_timer(state);
+            let recorded = c.plain && progress.fired.is_some_and(|f| f.seq == progress.seq);
+            if !recorded {
+                let seq = progress.seq.to_string();
+                let record = BaseRecord::to(&self.topics.timers)
+                    .partition(*p)
+                    .key(job.as_bytes())
+                    .payload(&bytes)
+                    .headers(OwnedHeaders::new().insert(h(SEQ_HEADER, seq.as_bytes())));
+                self.producer.send(record).map_err(|(e, _)| e)?;
             }
+            let wake = fire::wake_at(state);
+            txn.batch.put_timer(
+                &self.store,
+                *p as u16,
+                state,
+                &bytes,
+                progress.seq,
+                c.stored_wake,
+                wake,
+            );
         }
-        txn.seqs = seqs;
         Ok(())
     }
 
@@ -1311,7 +1307,7 @@ impl Engine {
         }
         txn.runs += fired.runs.len() as u64;
         txn.fired_partitions.insert(p);
-        self.save(txn, p, state, old_wake, plain);
+        txn.change(p, &e.job, Some(state), old_wake, plain);
         Ok(())
     }
 
@@ -1359,24 +1355,10 @@ impl Engine {
     }
 
     fn load(&self, txn: &Txn, p: i32, job: &str) -> Result<Option<TimerState>> {
-        if let Some(s) = txn.overlay.get(&(p, job.to_owned())) {
-            return Ok(s.clone());
+        if let Some(c) = txn.changed.get(&(p, job.to_owned())) {
+            return Ok(c.state.clone());
         }
         Ok(self.store.timer(p as u16, job)?)
-    }
-
-    /// Keeps a timer's new state in the transaction; `flush` writes it. `plain`: it changed
-    /// only by a plain fire (`fire::fired_plainly`).
-    fn save(
-        &mut self,
-        txn: &mut Txn,
-        p: i32,
-        state: TimerState,
-        old_wake: Option<i64>,
-        plain: bool,
-    ) {
-        let job = state.definition.id.clone();
-        txn.change(p, &job, Some(state), old_wake, plain);
     }
 
     fn schedule(&mut self, def: &JobDefinition) -> Option<Arc<Schedule>> {
@@ -1472,8 +1454,8 @@ impl Engine {
                 s
             }
         };
+        txn.change(p, &job, Some(state), old_wake, false);
         self.cache_schedule(job, schedule);
-        self.save(txn, p, state, old_wake, false);
         Ok(())
     }
 
@@ -1494,7 +1476,7 @@ impl Engine {
         };
         let old_wake = fire::wake_at(&state);
         if fire::apply_control(&mut state, record, &schedule, now, 10_000) {
-            self.save(txn, p, state, old_wake, false);
+            txn.change(p, &job, Some(state), old_wake, false);
         }
         Ok(())
     }

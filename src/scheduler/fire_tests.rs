@@ -54,6 +54,14 @@ fn every_10s() -> JobDefinition {
     job(every(STEP as u64))
 }
 
+/// `every_10s` under the overlap policy `overlap`.
+fn overlapping(overlap: OverlapPolicy) -> JobDefinition {
+    JobDefinition {
+        overlap,
+        ..every_10s()
+    }
+}
+
 fn run(scheduled_ms: i64, reason: FireReason) -> Due {
     Due {
         scheduled_ms,
@@ -229,13 +237,7 @@ fn max_fires_caps_one_pass_and_a_catch_up() {
 
 #[test]
 fn overlap_skip_skips_while_in_flight_and_fires_after_completion() {
-    let mut t = Timer::new(
-        JobDefinition {
-            overlap: OverlapPolicy::Skip,
-            ..every_10s()
-        },
-        T0,
-    );
+    let mut t = Timer::new(overlapping(OverlapPolicy::Skip), T0);
     assert_eq!(t.fire(T0).runs, vec![run(T0, FireReason::Schedule)]);
     assert_eq!(
         t.state.in_flight,
@@ -286,13 +288,7 @@ fn overlap_allow_never_holds_a_run() {
 
 #[test]
 fn overlap_buffer_one_keeps_one_instant_for_after_the_run() {
-    let mut t = Timer::new(
-        JobDefinition {
-            overlap: OverlapPolicy::BufferOne,
-            ..every_10s()
-        },
-        T0,
-    );
+    let mut t = Timer::new(overlapping(OverlapPolicy::BufferOne), T0);
     assert_eq!(t.fire(T0).runs, vec![run(T0, FireReason::Schedule)]);
     let f = t.fire(T0 + STEP);
     assert_eq!(f, Fired::default(), "buffered: neither run nor skipped");
@@ -324,13 +320,7 @@ fn overlap_buffer_one_keeps_one_instant_for_after_the_run() {
 
 #[test]
 fn overlap_buffer_one_released_run_is_in_flight() {
-    let mut t = Timer::new(
-        JobDefinition {
-            overlap: OverlapPolicy::BufferOne,
-            ..every_10s()
-        },
-        T0,
-    );
+    let mut t = Timer::new(overlapping(OverlapPolicy::BufferOne), T0);
     t.fire(T0);
     t.fire(T0 + STEP); // buffered
     assert!(t.complete(T0 + STEP + 1));
@@ -461,13 +451,7 @@ fn trigger_fires_at_once_and_does_not_count_toward_max_fires() {
 
 #[test]
 fn trigger_ignores_the_overlap_policy() {
-    let mut t = Timer::new(
-        JobDefinition {
-            overlap: OverlapPolicy::Skip,
-            ..every_10s()
-        },
-        T0,
-    );
+    let mut t = Timer::new(overlapping(OverlapPolicy::Skip), T0);
     t.fire(T0);
     assert!(t.state.in_flight.is_some());
     t.control(

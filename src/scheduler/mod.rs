@@ -16,16 +16,13 @@ pub mod fire;
 pub mod progress;
 pub mod store;
 
-// The clock and the status are every node's, not the scheduler's; kept here under their old
-// paths too.
-pub use crate::node::{system_clock, NodeStatus, NowFn, STALL_LIMIT_MS};
-
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::node::{NodeStatus, NowFn};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {

@@ -96,6 +96,12 @@ fn due_key(partition: u16, wake_ms: i64, job: &str) -> Vec<u8> {
     k
 }
 
+/// A stored timer value: its progress sequence and the encoded state after it.
+fn split_seq(value: &[u8]) -> Option<(u64, &[u8])> {
+    let (seq, encoded) = value.split_first_chunk::<8>()?;
+    Some((u64::from_be_bytes(*seq), encoded))
+}
+
 fn checkpoint_key(partition: u16) -> Vec<u8> {
     let mut k = b"ckpt/".to_vec();
     k.extend_from_slice(&partition.to_be_bytes());
@@ -155,16 +161,15 @@ impl Store {
             job: job.to_owned(),
             source,
         };
-        if bytes.len() < 8 {
+        let Some((seq, encoded)) = split_seq(&bytes) else {
             return Err(corrupt(codec::CodecError::TruncatedHeader {
                 record: "stored TimerState",
                 framing: "progress sequence",
                 len: bytes.len(),
                 need: 8,
             }));
-        }
-        let seq = u64::from_be_bytes(bytes[..8].try_into().unwrap());
-        codec::decode(&bytes[8..])
+        };
+        codec::decode(encoded)
             .map(|state| Some((state, seq)))
             .map_err(corrupt)
     }
@@ -286,8 +291,8 @@ impl Store {
                 break;
             }
             count += 1;
-            if v.len() >= 8 {
-                max_seq = max_seq.max(u64::from_be_bytes(v[..8].try_into().unwrap()));
+            if let Some((seq, _)) = split_seq(&v) {
+                max_seq = max_seq.max(seq);
             }
         }
         Ok((count, max_seq))
