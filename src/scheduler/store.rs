@@ -10,7 +10,7 @@
 //!   `format` → the layout version (`FORMAT`): a store of another layout is emptied at open
 //!   (it is a cache: its partitions are replayed from `timers`).
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::path::Path;
 use std::sync::Mutex;
 
