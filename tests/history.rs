@@ -318,6 +318,43 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
         "{b:?}"
     );
 
+    // `tocsin runs get` tells the flaky run's whole story; `runs tail` filters.
+    let story = common::run_tocsin(&config, &["runs", "get", &flaky[0].run_id, "--json"]);
+    assert!(story.status.success(), "{}", text(&story.stderr));
+    let story: Vec<(String, u32)> = text(&story.stdout)
+        .lines()
+        .map(|l| {
+            let r: RunRow = serde_json::from_str(l).unwrap();
+            (r.status, r.attempt)
+        })
+        .collect();
+    for attempt in 1..=3 {
+        assert!(story.contains(&("fired".into(), attempt)), "{story:?}");
+        assert!(story.contains(&("running".into(), attempt)), "{story:?}");
+    }
+    assert_eq!(story.last(), Some(&("succeeded".into(), 3)), "{story:?}");
+    let tail = |filters: &[&str]| {
+        let mut args = vec!["runs", "tail", "--since", "10m", "--no-follow"];
+        args.extend_from_slice(filters);
+        let out = common::run_tocsin(&config, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let globex = tail(&["--tenant", "globex"]);
+    assert!(
+        !globex.is_empty() && globex.lines().all(|l| l.contains("job broken")),
+        "{globex}"
+    );
+    let dead = tail(&["--status", "dead", "--json"]);
+    assert_eq!(dead.lines().count(), 1, "{dead}");
+    assert!(dead.contains("\"job_id\":\"broken\""), "{dead}");
+    let bad = common::run_tocsin(&config, &["runs", "get", "nope"]);
+    assert!(
+        !bad.status.success() && text(&bad.stderr).contains("invalid run id \"nope\""),
+        "{}",
+        text(&bad.stderr)
+    );
+
     // The instants are timestamps, the key the primary key.
     let types = sink
         .psql(
