@@ -69,6 +69,31 @@ pub struct TopicsConfig {
     pub rejected_partitions: u32,
     /// Replication factor of topics Tocsin creates; -1 takes the broker's default.
     pub replication_factor: i32,
+    /// How the records of `runs` and `dead` are written, per topic.
+    pub serialization: SerializationConfig,
+}
+
+/// `[topics.serialization]`: the value format of each history topic. Readers inside Tocsin
+/// (`tocsin runs`) take either, so a topic may change format while it holds both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SerializationConfig {
+    /// `runs`, keyed by run id.
+    pub runs: Serialization,
+    /// `dead`, keyed by run id.
+    pub dead: Serialization,
+}
+
+/// The value format of a history topic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Serialization {
+    /// Avro single-object encoding of the record (`schemas/`): the default.
+    #[default]
+    Avro,
+    /// Kafka Connect's JSON with schemas (`JsonConverter`, `schemas.enable=true`), one flat
+    /// struct per record, for Connect sinks without a schema registry.
+    ConnectJson,
 }
 
 impl Default for TopicsConfig {
@@ -80,6 +105,7 @@ impl Default for TopicsConfig {
             dead_partitions: 8,
             rejected_partitions: 8,
             replication_factor: -1,
+            serialization: SerializationConfig::default(),
         }
     }
 }
@@ -547,6 +573,22 @@ mod tests {
         assert!(err.contains("bootstarp"), "{err}");
         let err = Config::from_toml("[scheduler]\ntick = 5\n").unwrap_err();
         assert!(err.contains("tick"), "{err}");
+    }
+
+    #[test]
+    fn serialization_is_per_topic_and_a_bad_one_names_the_choices() {
+        let c = Config::default();
+        assert_eq!(c.topics.serialization.runs, Serialization::Avro);
+        let c = Config::from_toml("[topics.serialization]\nruns = \"connect_json\"\n").unwrap();
+        assert_eq!(c.topics.serialization.runs, Serialization::ConnectJson);
+        assert_eq!(c.topics.serialization.dead, Serialization::Avro);
+        let err = Config::from_toml("[topics.serialization]\nruns = \"json\"\n").unwrap_err();
+        assert!(
+            err.contains("json") && err.contains("avro") && err.contains("connect_json"),
+            "{err}"
+        );
+        let err = Config::from_toml("[topics.serialization]\ntimers = \"avro\"\n").unwrap_err();
+        assert!(err.contains("timers"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Tocsin: a Kafka-native distributed job scheduler.
 //!
 //! The modules follow the data flow: `model` (jobs, schedules, runs; pure), `codec` (Avro),
-//! `kafka` (clients, admin), `scheduler` (ownership, restore, bucket index, firing), `worker`,
+//! `kafka` (clients, admin), `scheduler` (ownership, restore, bucket index, firing), `worker`, `history` (what `runs` and
+//! `dead` carry for sinks),
 //! `http` (each node's /metrics, /healthz, /readyz and /status), and `cli` (the `tocsin` binary).
 //!
 //! Without the default feature `runtime` only `model`, `codec` and `config` build, with no
@@ -11,6 +12,7 @@
 pub mod cli;
 pub mod codec;
 pub mod config;
+pub mod history;
 #[cfg(feature = "runtime")]
 pub mod http;
 #[cfg(feature = "runtime")]

@@ -47,17 +47,6 @@ async fn setup_exec(test: &str) -> (tocsin::config::Config, TestDir) {
     (config, dir)
 }
 
-fn exec(script: &str) -> HandlerSpec {
-    HandlerSpec {
-        kind: HandlerKind::Exec,
-        target: "/bin/sh".into(),
-        payload: vec![],
-        headers: Default::default(),
-        method: None,
-        args: vec!["-c".into(), script.into()],
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_worker_s_run_completes_elsewhere_and_a_redelivery_is_not_run_again() {
     let _g = SERIAL.lock().await;

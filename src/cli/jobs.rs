@@ -284,7 +284,25 @@ async fn send(
 
 /// The latest definition of a job, read from the one partition its id maps to.
 pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
-    let topic = config.topic("jobs");
+    match key_records(config, "jobs", id)?.pop().flatten() {
+        None => Ok(None),
+        Some(bytes) => {
+            Ok(Some(codec::decode(&bytes).with_context(|| {
+                format!("the latest record of job {id:?}")
+            })?))
+        }
+    }
+}
+
+/// Every value (`None` for a tombstone) of `key` on `topic` of the config, in order: its
+/// partition (placed as Kafka's Java client places it), read `read_committed` from the start to
+/// the end it had when asked.
+pub fn key_records(
+    config: &Config,
+    topic: &str,
+    key: &str,
+) -> anyhow::Result<Vec<Option<Vec<u8>>>> {
+    let topic = config.topic(topic);
     let consumer: BaseConsumer =
         crate::kafka::consumer_config(config, "tocsin-cli-get").create()?;
     let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
@@ -294,7 +312,7 @@ pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
         .map(|t| t.partitions().len() as u32)
         .filter(|n| *n > 0)
         .ok_or_else(|| anyhow!("topic {topic} does not exist; run `tocsin topics ensure`"))?;
-    let p = partition_for(id.as_bytes(), partitions) as i32;
+    let p = partition_for(key.as_bytes(), partitions) as i32;
     // A partition just created may have no leader for a moment (a new 1024-partition topic
     // takes seconds): retry that, within the command's time bound.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -319,13 +337,13 @@ pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
             }
         }
     };
+    let mut found = Vec::new();
     if high <= low {
-        return Ok(None);
+        return Ok(found);
     }
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, p, Offset::Offset(low))?;
     consumer.assign(&tpl)?;
-    let mut latest: Option<Option<Vec<u8>>> = None;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let Some(m) = consumer.poll(Duration::from_millis(500)) else {
@@ -341,21 +359,14 @@ pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
             continue;
         };
         let m = m?;
-        if m.key() == Some(id.as_bytes()) {
-            latest = Some(m.payload().map(<[u8]>::to_vec));
+        if m.key() == Some(key.as_bytes()) {
+            found.push(m.payload().map(<[u8]>::to_vec));
         }
         if m.offset() + 1 >= high {
             break;
         }
     }
-    match latest.flatten() {
-        None => Ok(None),
-        Some(bytes) => {
-            Ok(Some(codec::decode(&bytes).with_context(|| {
-                format!("the latest record of job {id:?}")
-            })?))
-        }
-    }
+    Ok(found)
 }
 
 pub fn parse_instant(s: &str) -> anyhow::Result<i64> {

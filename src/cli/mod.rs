@@ -3,6 +3,7 @@
 
 mod dev;
 pub mod jobs;
+mod runs;
 mod scheduler;
 mod topics;
 mod worker;
@@ -50,6 +51,11 @@ pub enum Command {
     Jobs {
         #[command(subcommand)]
         command: jobs::JobsCommand,
+    },
+    /// Read the run history on `runs`.
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
     },
     /// Run a scheduler node.
     Scheduler(scheduler::SchedulerArgs),
@@ -106,6 +112,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             command: command @ jobs::JobsCommand::Put(jobs::PutArgs { dry_run: true, .. }),
         } => jobs::run(&cli.load_config()?, command).await,
         Command::Jobs { command } => jobs::run(&reachable(cli.load_config()?)?, command).await,
+        Command::Runs { command } => runs::run(&reachable(cli.load_config()?)?, command).await,
         Command::Scheduler(args) => scheduler::run(reachable(cli.load_config()?)?, args).await,
         Command::Worker(args) => worker::run(reachable(cli.load_config()?)?, args).await,
         Command::Dev(args) => dev::run(reachable(cli.load_config()?)?, args).await,

@@ -16,10 +16,14 @@
 //! `binary.rs`, also used to resolve data of earlier schema versions and to word errors), and a
 //! direct one (`direct.rs`) that skips the `Value` tree on the scheduler's hot path.
 //!
+//! Beside Avro, [`connect`] writes Kafka Connect's JSON with schemas, for sinks without a
+//! registry (`topics.serialization`).
+//!
 //! Must never: do I/O (no registry look-ups: a Confluent body is read with our current schema),
 //! or change the bytes of an existing schema version without adding a new one.
 
 mod binary;
+pub mod connect;
 mod convert;
 mod direct;
 mod records;

@@ -28,6 +28,7 @@ use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery};
+use crate::history::{self, Known, Reporter, NODE_HEADER};
 use crate::kafka::admin::{lane_topic, Admin, AdminError};
 use crate::model::job::{HandlerKind, JobDefinition};
 use crate::model::records::{
@@ -1309,7 +1310,7 @@ impl Engine {
         }
         for s in &fired.skipped {
             let event = run_event(&state, *s, 1, RunEventKind::Skipped, now, &self.node_id);
-            self.produce_event(&event)?;
+            self.produce_event(&event, &Known::default())?;
         }
         if fired.missed > 0 {
             metrics::counter!("tocsin_instants_missed_total").increment(fired.missed);
@@ -1587,7 +1588,7 @@ impl Engine {
         }
         let lane = self.ensure_lane(&def.tenant)?;
         let bytes = codec::encode(&run, &Framing::SingleObject);
-        let headers = OwnedHeaders::new_with_capacity(6)
+        let headers = OwnedHeaders::new_with_capacity(7)
             .insert(h("tocsin-run-id", run.run_id.as_bytes()))
             .insert(h(
                 "tocsin-scheduled-ms",
@@ -1599,7 +1600,8 @@ impl Engine {
             .insert(h(
                 "tocsin-assignment-epoch",
                 self.assignments.to_string().as_bytes(),
-            ));
+            ))
+            .insert(h(NODE_HEADER, self.node_id.as_bytes()));
         let record = BaseRecord::to(&lane)
             .key(def.id.as_bytes())
             .payload(&bytes)
@@ -1613,7 +1615,7 @@ impl Engine {
             now,
             &self.node_id,
         );
-        self.produce_event(&event)
+        self.produce_event(&event, &Known::default())
     }
 
     /// Writes a `kafka` job's run into its target topic, in this transaction, with its
@@ -1667,7 +1669,7 @@ impl Engine {
                 attempts: run.attempt,
                 at_ms: now,
             };
-            let bytes = codec::encode(&dead, &Framing::SingleObject);
+            let bytes = history::encode_dead(self.config.topics.serialization.dead, &dead);
             let record = BaseRecord::to(&self.topics.dead)
                 .key(run.run_id.as_bytes())
                 .payload(&bytes);
@@ -1676,11 +1678,20 @@ impl Engine {
         } else {
             metrics::counter!("tocsin_runs_delivered_total").increment(1);
         }
-        self.produce_event(&event)
+        let known = Known {
+            fired_ms: Some(run.fire_ms),
+            ..Known::default()
+        };
+        self.produce_event(&event, &known)
     }
 
-    fn produce_event(&mut self, event: &RunEvent) -> Result<()> {
-        let bytes = codec::encode(event, &Framing::SingleObject);
+    fn produce_event(&mut self, event: &RunEvent, known: &Known) -> Result<()> {
+        let bytes = history::encode_event(
+            self.config.topics.serialization.runs,
+            event,
+            Reporter::Scheduler,
+            known,
+        );
         let record = BaseRecord::to(&self.topics.runs)
             .key(event.run_id.as_bytes())
             .payload(&bytes);

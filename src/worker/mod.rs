@@ -27,6 +27,7 @@ use tracing::{info, warn};
 
 use crate::codec::{self, Framing};
 use crate::config::Config;
+use crate::history::{self, Known, Reporter, NODE_HEADER};
 use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
 use crate::node::NowFn;
 pub use handler::{Handler, HandlerResult, Handlers};
@@ -226,9 +227,14 @@ pub async fn run(
                     tpl.add_partition(&topic, partition);
                     let _ = consumer.pause(&tpl);
                 }
+                let known = Known {
+                    fired_ms: Some(run.fire_ms),
+                    fired_by: fired_by(&m),
+                    started_ms: None,
+                };
                 let shared = shared.clone();
                 tasks.spawn(async move {
-                    if execute(&shared, run, &taken).await {
+                    if execute(&shared, run, known, &taken).await {
                         shared.lanes.finished(&taken);
                     }
                 });
@@ -254,6 +260,15 @@ pub async fn run(
 /// slots busy across a refetch, never so many that another tenant's run queues behind them.
 const PAUSE_ABOVE: usize = 8;
 const RESUME_BELOW: usize = 4;
+
+/// The scheduler node that fired a lane record, from its header (absent on records of older
+/// nodes or written by hand).
+fn fired_by(m: &impl Message) -> Option<String> {
+    use rdkafka::message::Headers;
+    let headers = m.headers()?;
+    let h = headers.iter().find(|h| h.key == NODE_HEADER)?;
+    Some(String::from_utf8_lossy(h.value?).into_owned())
+}
 
 fn regex_escape(s: &str) -> String {
     s.chars()
@@ -292,7 +307,7 @@ fn attempt_key(run: &Run) -> String {
 /// `runs`, the completion or retry request on `control`, the dead letter) are enqueued on the
 /// producer without waiting for each in turn; the run counts as finished (its offset may be
 /// committed past, its ledger entry written) only once all of them are acknowledged.
-async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
+async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> bool {
     let now = (shared.now)();
     let tenant_sem = {
         let tenants = shared.tenants.lock().unwrap();
@@ -320,7 +335,9 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
     }
     // The `started` event is enqueued first, so it precedes the others of this run on its
     // partition, and delivered while the handler runs.
-    let mut reports = vec![event(shared, &run, RunEventKind::Started, None, None).await];
+    let started_event = event(shared, &run, &known, RunEventKind::Started, None, None).await;
+    known.started_ms = Some(started_event.at_ms);
+    let mut reports = vec![started_event.out];
     let result = {
         let call = shared.handlers.call(&run);
         tokio::pin!(call);
@@ -336,13 +353,13 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
                     retry: true,
                 },
                 _ = beat.tick() => {
-                    reports.push(event(shared, &run, RunEventKind::Heartbeat, None, None).await);
+                    reports.push(event(shared, &run, &known, RunEventKind::Heartbeat, None, None).await.out);
                 }
             }
         }
     };
     let duration_ms = started.elapsed().as_millis() as u64;
-    let finished = finish(shared, &run, &result, duration_ms, &mut reports).await;
+    let finished = finish(shared, &run, &known, &result, duration_ms, &mut reports).await;
     drop((global_slot, tenant_slot));
     if let Some(cb) = &shared.opts.on_finished {
         cb(&Finished {
@@ -367,6 +384,7 @@ async fn execute(shared: &Shared, run: Run, taken: &Taken) -> bool {
 async fn finish(
     shared: &Shared,
     run: &Run,
+    known: &Known,
     result: &HandlerResult,
     duration_ms: u64,
     out: &mut Vec<Outgoing>,
@@ -378,11 +396,13 @@ async fn finish(
                 event(
                     shared,
                     run,
+                    known,
                     RunEventKind::Succeeded,
                     None,
                     Some(duration_ms),
                 )
-                .await,
+                .await
+                .out,
             );
             out.push(completion(shared, run, Outcome::Succeeded).await);
             vec![run.run_id.clone()]
@@ -392,11 +412,13 @@ async fn finish(
                 event(
                     shared,
                     run,
+                    known,
                     RunEventKind::Failed,
                     Some(error.clone()),
                     Some(duration_ms),
                 )
-                .await,
+                .await
+                .out,
             );
             if *retry && run.attempt < run.retry.max_attempts {
                 let delay = backoff_ms(run);
@@ -420,11 +442,13 @@ async fn finish(
                     event(
                         shared,
                         run,
+                        known,
                         RunEventKind::Retrying,
                         Some(error.clone()),
                         None,
                     )
-                    .await,
+                    .await
+                    .out,
                 );
                 vec![attempt_key(run)]
             } else {
@@ -439,11 +463,22 @@ async fn finish(
                         shared,
                         shared.config.topic("dead"),
                         &run.run_id,
-                        codec::encode(&dead, &Framing::SingleObject),
+                        history::encode_dead(shared.config.topics.serialization.dead, &dead),
                     )
                     .await,
                 );
-                out.push(event(shared, run, RunEventKind::Dead, Some(error.clone()), None).await);
+                out.push(
+                    event(
+                        shared,
+                        run,
+                        known,
+                        RunEventKind::Dead,
+                        Some(error.clone()),
+                        None,
+                    )
+                    .await
+                    .out,
+                );
                 out.push(completion(shared, run, Outcome::Dead).await);
                 vec![run.run_id.clone(), attempt_key(run)]
             }
@@ -479,13 +514,20 @@ async fn completion(shared: &Shared, run: &Run, outcome: Outcome) -> Outgoing {
     .await
 }
 
+/// An event enqueued on `runs`, and when it happened.
+struct Reported {
+    out: Outgoing,
+    at_ms: i64,
+}
+
 async fn event(
     shared: &Shared,
     run: &Run,
+    known: &Known,
     kind: RunEventKind,
     error: Option<String>,
     duration_ms: Option<u64>,
-) -> Outgoing {
+) -> Reported {
     let e = RunEvent {
         run_id: run.run_id.clone(),
         job_id: run.job_id.clone(),
@@ -498,13 +540,16 @@ async fn event(
         error,
         duration_ms,
     };
-    enqueue(
-        shared,
-        shared.config.topic("runs"),
-        &run.run_id,
-        codec::encode(&e, &Framing::SingleObject),
-    )
-    .await
+    let value = history::encode_event(
+        shared.config.topics.serialization.runs,
+        &e,
+        Reporter::Worker,
+        known,
+    );
+    Reported {
+        out: enqueue(shared, shared.config.topic("runs"), &run.run_id, value).await,
+        at_ms: e.at_ms,
+    }
 }
 
 /// A record enqueued on the producer, kept with its delivery so that it can be sent again.

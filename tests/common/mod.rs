@@ -312,6 +312,19 @@ pub mod fleet {
         }
     }
 
+    /// A job handler that runs `script` with `/bin/sh -c` (exec must be enabled and allow
+    /// `/bin/sh`).
+    pub fn exec(script: &str) -> HandlerSpec {
+        HandlerSpec {
+            kind: HandlerKind::Exec,
+            target: "/bin/sh".into(),
+            payload: vec![],
+            headers: Default::default(),
+            method: None,
+            args: vec!["-c".into(), script.into()],
+        }
+    }
+
     /// `len` bytes of noise that compression cannot shrink (so a size the broker checks stays
     /// the size written).
     pub fn noise(len: usize) -> Vec<u8> {
