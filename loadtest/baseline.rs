@@ -1,23 +1,27 @@
-//! The raw transactional produce baseline: the records a fire writes (the `Run` to its lane, the
-//! `fired` `RunEvent` to `runs`, the new `TimerState` to `timers`), already encoded, produced
-//! by one transactional producer with the scheduler's settings and transaction size, to topics
-//! of the same partition counts and cleanup policies on the same broker. No scheduling work:
-//! this is what the broker and client can do, so fires/s over it is the scheduler's efficiency.
+//! The raw transactional produce baseline: the records a plain fire writes (the `Run` to its
+//! lane, with its headers, and the `fired` `RunEvent` to `runs`, built by the engine's own
+//! `scheduler::lane`), already encoded, produced by one transactional producer with the
+//! scheduler's settings and transaction size, to topics of the same partition counts on the
+//! same broker. A plain fire writes nothing to `timers` (its progress rides on the offset
+//! commit), so neither does the baseline. No scheduling work: this is what the broker and
+//! client can do with the engine's records, so fires/s over it is the scheduler's efficiency.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use tocsin::codec::{self, Framing};
 use tocsin::config::Config;
+use tocsin::history::{self, Known, Reporter};
 use tocsin::kafka::admin::{Admin, Cleanup, TopicSpec};
 use tocsin::model::job::JobDefinition;
-use tocsin::model::records::{run_id, FireReason, Run, RunEvent, RunEventKind, TimerState};
+use tocsin::model::records::{FireReason, RunEventKind};
+use tocsin::scheduler::lane;
 
 pub struct Baseline {
-    /// Fires (record triples) per second.
+    /// Fires (record pairs) per second.
     pub per_s: f64,
     pub fires: u64,
     pub secs: f64,
@@ -29,7 +33,6 @@ struct Fire {
     run_headers: OwnedHeaders,
     event_key: Vec<u8>,
     event: Vec<u8>,
-    timer: Vec<u8>,
 }
 
 /// Produces `fires` fires of jobs made by `make(i)` (cycling over at most 50,000 distinct jobs
@@ -49,17 +52,18 @@ pub fn run(
     };
     let lane = spec("baseline.lane", t.lane_partitions, Cleanup::Delete);
     let runs = spec("baseline.runs", t.runs_partitions, Cleanup::Delete);
-    let timers = spec("baseline.timers", t.job_partitions, Cleanup::Compact);
     let admin = Admin::new(config)?;
-    rt.block_on(admin.ensure(&[lane.clone(), runs.clone(), timers.clone()]))
+    rt.block_on(admin.ensure(&[lane.clone(), runs.clone()]))
         .context("could not create the baseline topics")?;
 
     let now = crate::now_ms();
     let distinct = jobs.clamp(1, 50_000);
-    let prepared: Vec<Fire> = (0..distinct).map(|i| prepare(&make(i), now)).collect();
+    let prepared: Vec<Fire> = (0..distinct)
+        .map(|i| prepare(config, &make(i), now))
+        .collect();
 
     let mut pc = tocsin::kafka::producer_config(config);
-    // As the scheduler's producer (engine.rs `new_producer`).
+    // As the scheduler's producer (scheduler/producer.rs `new_producer`).
     pc.set("client.id", "tocsin-loadtest-baseline");
     pc.set(
         "transactional.id",
@@ -77,7 +81,7 @@ pub fn run(
     let timeout = Duration::from_secs(30);
     producer.init_transactions(timeout)?;
 
-    // Untimed warm-up: one transaction writing to every partition of `runs` and `timers`, so
+    // Untimed warm-up: one transaction writing to every partition of `runs`, so
     // freshly created partitions (their leaders, their first segments) are not measured. The
     // lane is left out: the audit counts its records.
     // Retried, since on a busy broker the first writes to new partitions can outlast the
@@ -87,16 +91,14 @@ pub fn run(
         attempt += 1;
         producer.begin_transaction()?;
         let f = &prepared[0];
-        for (topic, payload) in [(&runs, &f.event), (&timers, &f.timer)] {
-            for p in 0..topic.partitions as i32 {
-                send(
-                    &producer,
-                    BaseRecord::to(&topic.name)
-                        .partition(p)
-                        .key(&f.key[..])
-                        .payload(&payload[..]),
-                )?;
-            }
+        for p in 0..runs.partitions as i32 {
+            send(
+                &producer,
+                BaseRecord::to(&runs.name)
+                    .partition(p)
+                    .key(&f.key[..])
+                    .payload(&f.event[..]),
+            )?;
         }
         match producer.commit_transaction(timeout) {
             Ok(()) => break,
@@ -132,12 +134,6 @@ pub fn run(
                     .key(&f.event_key[..])
                     .payload(&f.event[..]),
             )?;
-            send(
-                &producer,
-                BaseRecord::to(&timers.name)
-                    .key(&f.key[..])
-                    .payload(&f.timer[..]),
-            )?;
         }
         producer
             .commit_transaction(timeout)
@@ -165,66 +161,38 @@ fn send(producer: &BaseProducer, mut record: BaseRecord<'_, [u8], [u8]>) -> Resu
     }
 }
 
-/// The three records of one fire of `def`, as the scheduler builds them.
-fn prepare(def: &JobDefinition, now: i64) -> Fire {
-    let scheduled_ms = now / 1000 * 1000;
-    let id = run_id(&def.id, scheduled_ms);
-    let run = Run {
-        run_id: id.clone(),
-        job_id: def.id.clone(),
-        tenant: def.tenant.clone(),
-        scheduled_ms,
-        fire_ms: now,
+/// The records of one plain fire of `def`, built as the scheduler builds them.
+fn prepare(config: &Config, def: &JobDefinition, now: i64) -> Fire {
+    let instance = lane::Instance {
+        scheduled_ms: now / 1000 * 1000,
         attempt: 1,
         reason: FireReason::Schedule,
-        handler: def.handler.clone(),
-        timeout_ms: def.timeout_ms,
-        retry: def.retry,
-        labels: def.labels.clone(),
     };
-    let event = RunEvent {
-        run_id: id.clone(),
-        job_id: def.id.clone(),
-        tenant: def.tenant.clone(),
-        scheduled_ms,
-        attempt: 1,
-        kind: RunEventKind::Fired,
-        at_ms: now,
-        node: "n1".into(),
-        error: None,
-        duration_ms: None,
+    let fired = lane::Fired {
+        fire_ms: now,
+        partition: 0,
+        assignment_epoch: 1,
+        node: "n1",
     };
-    let timer = TimerState {
-        definition: def.clone(),
-        next_fire_ms: Some(scheduled_ms + 10_000),
-        fires: 1,
-        last_scheduled_ms: Some(scheduled_ms),
-        in_flight: None,
-        buffered_ms: None,
-        pending: Vec::new(),
-    };
-    let values = [
-        ("tocsin-run-id", id.clone()),
-        ("tocsin-scheduled-ms", scheduled_ms.to_string()),
-        ("tocsin-fire-ms", now.to_string()),
-        ("tocsin-attempt", "1".to_owned()),
-        ("tocsin-partition", "0".to_owned()),
-        ("tocsin-assignment-epoch", "1".to_owned()),
-    ];
-    let run_headers = values
-        .iter()
-        .fold(OwnedHeaders::new_with_capacity(6), |hs, (key, value)| {
-            hs.insert(Header {
-                key,
-                value: Some(value.as_bytes()),
-            })
-        });
+    let run = lane::run(def, instance, now);
+    let event = lane::event(
+        def,
+        instance.scheduled_ms,
+        1,
+        RunEventKind::Fired,
+        now,
+        fired.node,
+    );
     Fire {
         key: def.id.clone().into_bytes(),
         run: codec::encode(&run, &Framing::SingleObject),
-        run_headers,
-        event_key: id.into_bytes(),
-        event: codec::encode(&event, &Framing::SingleObject),
-        timer: codec::encode(&timer, &Framing::SingleObject),
+        run_headers: lane::headers(&run, &fired),
+        event_key: run.run_id.clone().into_bytes(),
+        event: history::encode_event(
+            config.topics.serialization.runs,
+            &event,
+            Reporter::Scheduler,
+            &Known::default(),
+        ),
     }
 }

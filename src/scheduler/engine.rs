@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -23,17 +23,17 @@ use tracing::{debug, error, info, warn};
 use super::deliver::{self, Target, Targets};
 use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
+use super::lane::{self, h};
+use super::producer::{fence_owner, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery};
-use crate::history::{self, Known, Reporter, NODE_HEADER};
+use crate::history::{self, Known, Reporter};
 use crate::kafka::admin::{lane_topic, Admin, AdminError};
 use crate::model::job::{HandlerKind, JobDefinition};
-use crate::model::records::{
-    run_id, ControlRecord, DeadLetter, Run, RunEvent, RunEventKind, TimerState,
-};
+use crate::model::records::{ControlRecord, DeadLetter, Run, RunEvent, RunEventKind, TimerState};
 use crate::model::schedule::Schedule;
 use crate::model::validate::{validate, Limits};
 use crate::node::{NodeStatus, NowFn};
@@ -49,7 +49,6 @@ const SEQ_HEADER: &str = "tocsin-seq";
 /// A checkpoint older than this is not trusted: compaction may since have removed tombstones
 /// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
-const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long our barrier may take to come back before the previous owner is fenced.
 const FENCE_AFTER: Duration = Duration::from_secs(1);
 /// A node fenced this recently is not fenced again (its abort is still being written).
@@ -105,58 +104,6 @@ fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
         .collect()
 }
 
-/// Offsets of `timers` records as the broker acknowledged them, for checkpoints; and the keys
-/// of records the broker refused for what they are, so the job behind them can be set aside.
-#[derive(Default)]
-struct DeliveryContext {
-    timers_topic: String,
-    /// The fleet's topic prefix: a failed record outside it is a `kafka` job's target record.
-    prefix: String,
-    delivered: Mutex<HashMap<i32, i64>>,
-    failed: Mutex<Option<String>>,
-    refused: Mutex<Vec<(String, String)>>,
-    /// Target records refused for what they are: (topic, job, reason).
-    target_refused: Mutex<Vec<(String, String, String)>>,
-}
-
-impl ClientContext for DeliveryContext {}
-
-impl ProducerContext for DeliveryContext {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(m) if m.topic() == self.timers_topic => {
-                let mut d = self.delivered.lock().unwrap();
-                let e = d.entry(m.partition()).or_insert(-1);
-                *e = (*e).max(m.offset());
-            }
-            Ok(_) => {}
-            Err((e, m)) => {
-                let reason = format!("delivery to {} failed: {e}", m.topic());
-                let target = !crate::config::is_tocsin_topic(&self.prefix, m.topic());
-                if target {
-                    if let (KafkaError::MessageProduction(code), Some(key)) = (e, m.key()) {
-                        if deliver::refuses_target(*code) {
-                            self.target_refused.lock().unwrap().push((
-                                m.topic().to_owned(),
-                                String::from_utf8_lossy(key).into_owned(),
-                                format!("target topic {:?} refused the record: {e}", m.topic()),
-                            ));
-                        }
-                    }
-                } else if refuses_record(e) {
-                    if let Some(key) = m.key() {
-                        let key = String::from_utf8_lossy(key).into_owned();
-                        self.refused.lock().unwrap().push((key, reason.clone()));
-                    }
-                }
-                *self.failed.lock().unwrap() = Some(reason);
-            }
-        }
-    }
-}
-
 enum Phase {
     Restoring {
         token: String,
@@ -186,7 +133,7 @@ pub struct Engine {
     now: NowFn,
     status: Arc<NodeStatus>,
     store: Store,
-    producer: BaseProducer<DeliveryContext>,
+    producer: TxnProducer,
     group: BaseConsumer<GroupContext>,
     restorer: BaseConsumer,
     admin: Admin,
@@ -204,8 +151,6 @@ pub struct Engine {
     /// Jobs (by key) whose records the broker refused, with the reason and how often: at
     /// `QUARANTINE_AFTER` the job is set aside (`quarantine_record`, `quarantine_timer`).
     suspects: HashMap<String, (u32, String)>,
-    /// The producer was recreated and its `init_transactions` has not succeeded yet.
-    producer_uninitialised: bool,
     /// Target topics of `kafka` jobs, as the broker's metadata last showed them.
     targets: Targets,
     /// Jobs whose target refused a record in the transaction that just failed, with the
@@ -295,7 +240,7 @@ impl Engine {
             rejected: config.topic("jobs.rejected"),
             dead: config.topic("dead"),
         };
-        let producer = new_producer(&config, &node_id, &topics.timers)?;
+        let producer = TxnProducer::new(&config, &node_id, &topics.timers)?;
 
         let mut gc = crate::kafka::consumer_config(&config, &config.scheduler.group_id);
         gc.set("client.id", format!("tocsin-scheduler-{node_id}"));
@@ -340,7 +285,6 @@ impl Engine {
             limits,
             fenced: HashMap::new(),
             suspects: HashMap::new(),
-            producer_uninitialised: false,
             targets,
             dead_targets: HashMap::new(),
             progress: HashMap::new(),
@@ -349,7 +293,7 @@ impl Engine {
 
     /// Runs until `shutdown` is cancelled. Never returns with a transaction open.
     pub fn run(mut self, shutdown: CancellationToken) -> Result<()> {
-        self.init_transactions(&shutdown)?;
+        self.producer.init(&shutdown)?;
         self.group
             .subscribe(&[&self.topics.jobs, &self.topics.control])?;
         info!(node = %self.node_id, kafka_delivery = ?self.config.scheduler.kafka_delivery, "scheduler joined the group");
@@ -376,7 +320,7 @@ impl Engine {
                     warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "scheduler step failed; retrying");
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
-                    if let Err(e) = self.recover(&e) {
+                    if let Err(e) = self.producer.recover(&e) {
                         error!(error = %e, "could not recover the producer");
                     }
                 }
@@ -396,31 +340,8 @@ impl Engine {
         Ok(())
     }
 
-    fn init_transactions(&mut self, shutdown: &CancellationToken) -> Result<()> {
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            match self.producer.init_transactions(TXN_TIMEOUT) {
-                Ok(()) => return Ok(()),
-                Err(e) if !shutdown.is_cancelled() => {
-                    warn!(error = %e, "init_transactions failed; retrying");
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    if is_fatal(&e) {
-                        self.producer =
-                            new_producer(&self.config, &self.node_id, &self.topics.timers)?;
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
     fn step(&mut self, next_tick: &mut i64, tick: i64) -> Result<()> {
-        if self.producer_uninitialised {
-            self.producer.init_transactions(TXN_TIMEOUT)?;
-            self.producer_uninitialised = false;
-            info!("producer initialised");
-        }
+        self.producer.ensure_initialised()?;
         let now = (self.now)();
         let wait = (*next_tick - now).clamp(0, 50) as u64;
         let batch = self.poll_group(Duration::from_millis(wait))?;
@@ -616,7 +537,7 @@ impl Engine {
                     .insert((e.topic().to_owned(), e.partition()), o);
             }
         }
-        self.producer.begin_transaction()?;
+        self.producer.begin()?;
         let key = [BARRIER_PREFIX, self.node_id.as_bytes()].concat();
         for (p, token) in &pending {
             let record = BaseRecord::to(&self.topics.timers)
@@ -661,68 +582,13 @@ impl Engine {
     }
 
     fn commit(&mut self, offsets: &TopicPartitionList) -> Result<()> {
-        if offsets.count() > 0 {
-            let meta = self
-                .group
-                .group_metadata()
-                .ok_or(SchedulerError::NoGroupMetadata)?;
-            self.producer
-                .send_offsets_to_transaction(offsets, &meta, TXN_TIMEOUT)?;
-        }
-        self.producer.commit_transaction(TXN_TIMEOUT)?;
-        if let Some(e) = self.producer.context().failed.lock().unwrap().take() {
-            return Err(SchedulerError::Delivery(e));
-        }
-        Ok(())
+        let group = self.group.group_metadata();
+        self.producer.commit(offsets, group)
     }
 
-    /// Aborts the open transaction. An abort that times out is resumed by calling it again
-    /// (serving delivery reports in between, which the abort waits for); one that cannot
-    /// finish, or fails fatally, leaves a producer that would refuse every later transaction
-    /// ("conflicting abort_transaction call in progress"), so the producer is recreated, which
-    /// fences the old one and aborts its transaction at the coordinator.
-    fn abort(&mut self) {
-        let deadline = Instant::now() + TXN_TIMEOUT;
-        let result = loop {
-            match self.producer.abort_transaction(Duration::from_secs(2)) {
-                Ok(()) => break Ok(()),
-                Err(KafkaError::Transaction(e))
-                    if e.is_retriable() && !e.is_fatal() && Instant::now() < deadline =>
-                {
-                    self.producer.poll(Duration::from_millis(50));
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        if let Err(e) = result {
-            warn!(error = %e, "abort_transaction failed; recreating the producer");
-            match new_producer(&self.config, &self.node_id, &self.topics.timers) {
-                Ok(p) => {
-                    self.producer = p;
-                    if let Err(e) = self.producer.init_transactions(TXN_TIMEOUT) {
-                        // Retried at the start of every step until it succeeds (a broker
-                        // still down makes it time out; calling it again resumes it).
-                        warn!(error = %e, "could not initialise the new producer; retrying");
-                        self.producer_uninitialised = true;
-                    }
-                }
-                Err(e) => error!(error = %e, "could not recreate the producer"),
-            }
-        }
-        self.producer.context().delivered.lock().unwrap().clear();
-        self.producer.context().failed.lock().unwrap().take();
-    }
-
-    /// After a failed step: a fatal producer error means a new producer.
-    fn recover(&mut self, e: &SchedulerError) -> Result<()> {
-        if let SchedulerError::Kafka(k) = e {
-            if is_fatal(k) {
-                warn!("producer in a fatal state; recreating it");
-                self.producer = new_producer(&self.config, &self.node_id, &self.topics.timers)?;
-                self.producer_uninitialised = true;
-            }
-        }
-        Ok(())
+    /// Aborts the open transaction; returns what the broker refused in it.
+    fn abort(&mut self) -> Refusals {
+        self.producer.abort()
     }
 
     /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
@@ -998,7 +864,7 @@ impl Engine {
     fn transact(&mut self, records: Vec<OwnedMessage>, due: &[DueEntry]) -> Result<()> {
         let now = (self.now)();
         let started = Instant::now();
-        self.producer.begin_transaction()?;
+        self.producer.begin()?;
         let mut txn = Txn {
             batch: self.store.batch(),
             changed: HashMap::new(),
@@ -1027,8 +893,7 @@ impl Engine {
         );
         match result {
             Ok(()) => {
-                let delivered =
-                    std::mem::take(&mut *self.producer.context().delivered.lock().unwrap());
+                let delivered = self.producer.take_delivered();
                 for (p, offset) in delivered {
                     txn.batch.set_checkpoint(
                         &self.store,
@@ -1060,15 +925,10 @@ impl Engine {
                 Ok(())
             }
             Err(e) => {
-                // Refusals reported so far, and those the abort serves while it waits for the
-                // outstanding deliveries (it may also replace the producer, and its context).
-                let mut refused =
-                    std::mem::take(&mut *self.producer.context().refused.lock().unwrap());
-                let mut targets =
-                    std::mem::take(&mut *self.producer.context().target_refused.lock().unwrap());
-                self.abort();
-                refused.append(&mut self.producer.context().refused.lock().unwrap());
-                targets.append(&mut self.producer.context().target_refused.lock().unwrap());
+                let Refusals {
+                    records: refused,
+                    targets,
+                } = self.abort();
                 // Every target is looked up again: one deleted since it was cached would hold
                 // its records until they time out, and fail every retry the same way.
                 self.targets.clear();
@@ -1570,42 +1430,27 @@ impl Engine {
 
     fn produce_run(&mut self, state: &TimerState, d: &fire::Due, p: i32, now: i64) -> Result<()> {
         let def = &state.definition;
-        let run = Run {
-            run_id: run_id(&def.id, d.scheduled_ms),
-            job_id: def.id.clone(),
-            tenant: def.tenant.clone(),
+        let instance = lane::Instance {
             scheduled_ms: d.scheduled_ms,
-            fire_ms: now,
             attempt: d.attempt,
             reason: d.reason,
-            handler: def.handler.clone(),
-            timeout_ms: def.timeout_ms,
-            retry: def.retry,
-            labels: def.labels.clone(),
         };
+        let run = lane::run(def, instance, now);
         if self.delivers(def) {
             return self.deliver(state, &run, now);
         }
         let lane = self.ensure_lane(&def.tenant)?;
         let bytes = codec::encode(&run, &Framing::SingleObject);
-        let headers = OwnedHeaders::new_with_capacity(7)
-            .insert(h("tocsin-run-id", run.run_id.as_bytes()))
-            .insert(h(
-                "tocsin-scheduled-ms",
-                d.scheduled_ms.to_string().as_bytes(),
-            ))
-            .insert(h("tocsin-fire-ms", now.to_string().as_bytes()))
-            .insert(h("tocsin-attempt", d.attempt.to_string().as_bytes()))
-            .insert(h("tocsin-partition", p.to_string().as_bytes()))
-            .insert(h(
-                "tocsin-assignment-epoch",
-                self.assignments.to_string().as_bytes(),
-            ))
-            .insert(h(NODE_HEADER, self.node_id.as_bytes()));
+        let fired = lane::Fired {
+            fire_ms: now,
+            partition: p,
+            assignment_epoch: self.assignments,
+            node: &self.node_id,
+        };
         let record = BaseRecord::to(&lane)
             .key(def.id.as_bytes())
             .payload(&bytes)
-            .headers(headers);
+            .headers(lane::headers(&run, &fired));
         self.producer.send(record).map_err(|(e, _)| e)?;
         let event = run_event(
             state,
@@ -1770,7 +1615,7 @@ fn is_record_fault(e: &SchedulerError) -> bool {
 }
 
 /// A delivery the broker refused for what the record is (its size or its topic).
-fn refuses_record(e: &KafkaError) -> bool {
+pub(super) fn refuses_record(e: &KafkaError) -> bool {
     matches!(e, KafkaError::MessageProduction(code) if refuses_code(*code))
 }
 
@@ -1787,13 +1632,6 @@ pub(super) fn refuses_code(code: RDKafkaErrorCode) -> bool {
     )
 }
 
-fn h<'a>(key: &'a str, value: &'a [u8]) -> Header<'a, &'a [u8]> {
-    Header {
-        key,
-        value: Some(value),
-    }
-}
-
 fn run_event(
     state: &TimerState,
     scheduled_ms: i64,
@@ -1802,18 +1640,7 @@ fn run_event(
     now: i64,
     node: &str,
 ) -> RunEvent {
-    RunEvent {
-        run_id: run_id(&state.definition.id, scheduled_ms),
-        job_id: state.definition.id.clone(),
-        tenant: state.definition.tenant.clone(),
-        scheduled_ms,
-        attempt,
-        kind,
-        at_ms: now,
-        node: node.to_owned(),
-        error: None,
-        duration_ms: None,
-    }
+    lane::event(&state.definition, scheduled_ms, attempt, kind, now, node)
 }
 
 /// The progress sequence a `timers` record was written with (`SEQ_HEADER`; 0 without it).
@@ -1828,38 +1655,6 @@ fn record_seq(m: &impl Message) -> u64 {
         .unwrap_or(0)
 }
 
-fn is_fatal(e: &KafkaError) -> bool {
-    matches!(e, KafkaError::Transaction(t) if t.is_fatal())
-}
-
-/// Aborts the open transaction of `owner` by initialising a producer with its transactional
-/// id (which bumps its epoch and fences it).
-fn fence_owner(config: &Config, me: &str, owner: &str) {
-    let started = Instant::now();
-    let mut c = crate::kafka::producer_config(config);
-    c.set(
-        "client.id",
-        format!("tocsin-scheduler-{me}-fencing-{owner}"),
-    );
-    c.set("transactional.id", transactional_id(config, owner));
-    c.set(
-        "transaction.timeout.ms",
-        config.scheduler.transaction_timeout_ms.to_string(),
-    );
-    let result = c
-        .create::<BaseProducer>()
-        .and_then(|p| p.init_transactions(TXN_TIMEOUT));
-    match result {
-        Ok(()) => info!(
-            previous_owner = owner,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "fenced the previous owner's open transaction"
-        ),
-        Err(e) => warn!(previous_owner = owner, error = %e, "could not fence the previous owner"),
-    }
-}
-
-/// Stable per node: a restarted node fences its previous incarnation.
 /// The limits validation holds jobs to. The largest record is the least of what our producers
 /// send (librdkafka's `message.max.bytes`, unless the `[kafka]` table sets it) and what the
 /// topics a job's records go to accept, read from the broker: a job whose timer state or run
@@ -1893,41 +1688,4 @@ fn record_limits(
         max_record_bytes: topic_max.map_or(producer_max, |t| t.min(producer_max)),
         ..Limits::from_config(config)
     }
-}
-
-fn transactional_id(config: &Config, node_id: &str) -> String {
-    format!("{}scheduler.{}", config.topic_prefix, node_id)
-}
-
-fn new_producer(
-    config: &Config,
-    node_id: &str,
-    timers_topic: &str,
-) -> Result<BaseProducer<DeliveryContext>> {
-    let mut c = crate::kafka::producer_config(config);
-    c.set("client.id", format!("tocsin-scheduler-{node_id}"));
-    c.set("transactional.id", transactional_id(config, node_id));
-    c.set(
-        "transaction.timeout.ms",
-        config.scheduler.transaction_timeout_ms.to_string(),
-    );
-    c.set("queue.buffering.max.messages", "2000000");
-    c.set("queue.buffering.max.kbytes", "2097151");
-    // Back-to-back transactions meet CONCURRENT_TRANSACTIONS while the previous one's markers
-    // are written; librdkafka's default backoff (100 ms, growing to 1 s) would cost more than
-    // a transaction. Unless the `[kafka]` table says otherwise.
-    for (key, value) in [("retry.backoff.ms", "5"), ("retry.backoff.max.ms", "50")] {
-        if !config.kafka.contains_key(key) {
-            c.set(key, value);
-        }
-    }
-    // A `kafka` job's missing target must not be created by a produce to it (the broker's
-    // `auto.create.topics.enable` is on by default): it sends the run to `dead`.
-    c.set("allow.auto.create.topics", "false");
-    let ctx = DeliveryContext {
-        timers_topic: timers_topic.to_owned(),
-        prefix: config.topic_prefix.clone(),
-        ..DeliveryContext::default()
-    };
-    Ok(c.create_with_context(ctx)?)
 }

@@ -403,4 +403,4 @@ fn schedule_fire(
 
 #[cfg(test)]
 #[path = "fire_tests.rs"]
-mod tests;
+pub(crate) mod tests;

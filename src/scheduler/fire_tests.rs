@@ -21,7 +21,7 @@ use crate::model::schedule::Schedule;
 const T0: i64 = 1_750_000_000_000;
 /// The period of `every_10s`.
 const STEP: i64 = 10_000;
-const ID: &str = "billing-7";
+pub(crate) const ID: &str = "billing-7";
 
 /// The engine's defaults.
 const LIMITS: FireLimits = FireLimits {
@@ -30,7 +30,8 @@ const LIMITS: FireLimits = FireLimits {
     completes_at_fire: false,
 };
 
-fn job(schedule: ScheduleSpec) -> JobDefinition {
+/// A job of tenant `acme` with id `ID` and a custom handler (shared by the scheduler's tests).
+pub(crate) fn job(schedule: ScheduleSpec) -> JobDefinition {
     let handler = HandlerSpec {
         kind: HandlerKind::Custom,
         target: "out".into(),

@@ -8,11 +8,13 @@
 
 mod deliver;
 mod engine;
+mod producer;
 
 pub use deliver::{look_up as look_up_target, Target};
 pub use engine::other_tenants_job;
 pub mod fair;
 pub mod fire;
+pub mod lane;
 pub mod progress;
 pub mod store;
 

@@ -1,0 +1,370 @@
+//! The scheduler's transactional producer: begin, send, commit, abort and recreate, and the
+//! one place that decides what a producer error means for the producer.
+//!
+//! A transaction is begun, filled with sends, and either committed with the consumed offsets
+//! (the group fence) or aborted. What can go wrong, and what it leaves behind:
+//!
+//! - an abortable error: the transaction is aborted and the step retried on this producer;
+//! - an abort that cannot finish, or a fatal error: the producer is recreated with the same
+//!   `transactional.id`, which fences the old one and aborts its transaction at the
+//!   coordinator. Its `init_transactions` may time out (a broker that is down); it is then
+//!   resumed before the next transaction begins, for as long as it takes.
+//!
+//! The delivery reports of a transaction's records are gathered here: the highest `timers`
+//! offset per partition (the store's checkpoints) and the records the broker refused for what
+//! they are (the job behind them is set aside, or the run sent to `dead`).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::deliver;
+use super::SchedulerError;
+use crate::config::Config;
+
+type Result<T, E = SchedulerError> = std::result::Result<T, E>;
+
+/// How long one call into a transaction may wait for the coordinator.
+pub(super) const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a producer error means for the producer that returned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ErrorClass {
+    /// The producer cannot go on (fenced, or an unrecoverable state): recreate it.
+    Fatal,
+    /// Calling the same operation again may succeed (a timeout, a coordinator moving).
+    Retriable,
+    /// Anything else: the transaction is aborted and the step retried.
+    Abortable,
+}
+
+/// The one error classifier.
+pub(super) fn classify(e: &KafkaError) -> ErrorClass {
+    match e {
+        KafkaError::Transaction(t) if t.is_fatal() => ErrorClass::Fatal,
+        KafkaError::Transaction(t) if t.is_retriable() => ErrorClass::Retriable,
+        _ => ErrorClass::Abortable,
+    }
+}
+
+/// What the broker refused in a transaction, for what the records are.
+#[derive(Debug, Default)]
+pub(super) struct Refusals {
+    /// (job, reason) of Tocsin records (`timers`, lanes, `runs`, `dead`).
+    pub records: Vec<(String, String)>,
+    /// (topic, job, reason) of `kafka` jobs' target records.
+    pub targets: Vec<(String, String, String)>,
+}
+
+impl Refusals {
+    fn append(&mut self, mut other: Refusals) {
+        self.records.append(&mut other.records);
+        self.targets.append(&mut other.targets);
+    }
+}
+
+/// Offsets of `timers` records as the broker acknowledged them, for checkpoints; and the keys
+/// of records the broker refused for what they are, so the job behind them can be set aside.
+#[derive(Default)]
+pub(super) struct DeliveryContext {
+    timers_topic: String,
+    /// The fleet's topic prefix: a failed record outside it is a `kafka` job's target record.
+    prefix: String,
+    delivered: Mutex<HashMap<i32, i64>>,
+    failed: Mutex<Option<String>>,
+    refused: Mutex<Refusals>,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        use rdkafka::message::Message;
+        match result {
+            Ok(m) if m.topic() == self.timers_topic => {
+                let mut d = self.delivered.lock().unwrap();
+                let e = d.entry(m.partition()).or_insert(-1);
+                *e = (*e).max(m.offset());
+            }
+            Ok(_) => {}
+            Err((e, m)) => {
+                let reason = format!("delivery to {} failed: {e}", m.topic());
+                let target = !crate::config::is_tocsin_topic(&self.prefix, m.topic());
+                if target {
+                    if let (KafkaError::MessageProduction(code), Some(key)) = (e, m.key()) {
+                        if deliver::refuses_target(*code) {
+                            self.refused.lock().unwrap().targets.push((
+                                m.topic().to_owned(),
+                                String::from_utf8_lossy(key).into_owned(),
+                                format!("target topic {:?} refused the record: {e}", m.topic()),
+                            ));
+                        }
+                    }
+                } else if super::engine::refuses_record(e) {
+                    if let Some(key) = m.key() {
+                        let key = String::from_utf8_lossy(key).into_owned();
+                        self.refused
+                            .lock()
+                            .unwrap()
+                            .records
+                            .push((key, reason.clone()));
+                    }
+                }
+                *self.failed.lock().unwrap() = Some(reason);
+            }
+        }
+    }
+}
+
+/// A node's transactional producer (see the module doc).
+pub(super) struct TxnProducer {
+    config: Config,
+    node_id: String,
+    timers_topic: String,
+    inner: BaseProducer<DeliveryContext>,
+    /// The producer was recreated and its `init_transactions` has not succeeded yet.
+    uninitialised: bool,
+}
+
+impl TxnProducer {
+    pub fn new(config: &Config, node_id: &str, timers_topic: &str) -> Result<TxnProducer> {
+        Ok(TxnProducer {
+            inner: new_producer(config, node_id, timers_topic)?,
+            config: config.clone(),
+            node_id: node_id.to_owned(),
+            timers_topic: timers_topic.to_owned(),
+            uninitialised: true,
+        })
+    }
+
+    /// Initialises transactions, retrying until it succeeds or `shutdown` is cancelled; a
+    /// fatal error recreates the producer first.
+    pub fn init(&mut self, shutdown: &CancellationToken) -> Result<()> {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match self.inner.init_transactions(TXN_TIMEOUT) {
+                Ok(()) => {
+                    self.uninitialised = false;
+                    return Ok(());
+                }
+                Err(e) if !shutdown.is_cancelled() => {
+                    warn!(error = %e, "init_transactions failed; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    if classify(&e) == ErrorClass::Fatal {
+                        self.recreate()?;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Resumes the `init_transactions` of a recreated producer, until it succeeds. A step
+    /// begins with it, so nothing is consumed while no transaction could carry it.
+    pub fn ensure_initialised(&mut self) -> Result<()> {
+        if self.uninitialised {
+            self.inner.init_transactions(TXN_TIMEOUT)?;
+            self.uninitialised = false;
+            info!("producer initialised");
+        }
+        Ok(())
+    }
+
+    /// Begins a transaction (on an initialised producer).
+    pub fn begin(&mut self) -> Result<()> {
+        self.ensure_initialised()?;
+        self.inner.begin_transaction()?;
+        Ok(())
+    }
+
+    /// Sends one record of the open transaction (librdkafka queues it).
+    // The record comes back with its error, as librdkafka's own `send` returns it.
+    #[allow(clippy::type_complexity, clippy::result_large_err)]
+    pub fn send<'a, K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
+        &self,
+        record: BaseRecord<'a, K, P>,
+    ) -> std::result::Result<(), (KafkaError, BaseRecord<'a, K, P>)> {
+        self.inner.send(record)
+    }
+
+    /// Sends `offsets` to the transaction (the group fence) and commits it; a record whose
+    /// delivery failed fails the commit.
+    pub fn commit(
+        &mut self,
+        offsets: &TopicPartitionList,
+        group: Option<ConsumerGroupMetadata>,
+    ) -> Result<()> {
+        if offsets.count() > 0 {
+            let meta = group.ok_or(SchedulerError::NoGroupMetadata)?;
+            self.inner
+                .send_offsets_to_transaction(offsets, &meta, TXN_TIMEOUT)?;
+        }
+        self.inner.commit_transaction(TXN_TIMEOUT)?;
+        if let Some(e) = self.inner.context().failed.lock().unwrap().take() {
+            return Err(SchedulerError::Delivery(e));
+        }
+        Ok(())
+    }
+
+    /// Aborts the open transaction and returns what the broker refused in it. An abort that
+    /// times out is resumed by calling it again (serving delivery reports in between, which
+    /// the abort waits for); one that cannot finish, or fails fatally, leaves a producer that
+    /// would refuse every later transaction ("conflicting abort_transaction call in
+    /// progress"), so the producer is recreated, which fences the old one and aborts its
+    /// transaction at the coordinator.
+    pub fn abort(&mut self) -> Refusals {
+        // Refusals reported so far, and those the abort serves while it waits for the
+        // outstanding deliveries (it may also replace the producer, and its context).
+        let mut refused = self.take_refusals();
+        let deadline = Instant::now() + TXN_TIMEOUT;
+        let result = loop {
+            match self.inner.abort_transaction(Duration::from_secs(2)) {
+                Ok(()) => break Ok(()),
+                Err(e) if classify(&e) == ErrorClass::Retriable && Instant::now() < deadline => {
+                    self.inner.poll(Duration::from_millis(50));
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        refused.append(self.take_refusals());
+        if let Err(e) = result {
+            warn!(error = %e, "abort_transaction failed; recreating the producer");
+            match self.recreate() {
+                Ok(()) => {
+                    if let Err(e) = self.inner.init_transactions(TXN_TIMEOUT) {
+                        // Resumed by `begin` until it succeeds (a broker still down makes it
+                        // time out; calling it again resumes it).
+                        warn!(error = %e, "could not initialise the new producer; retrying");
+                    } else {
+                        self.uninitialised = false;
+                    }
+                }
+                Err(e) => error!(error = %e, "could not recreate the producer"),
+            }
+        }
+        self.inner.context().delivered.lock().unwrap().clear();
+        self.inner.context().failed.lock().unwrap().take();
+        refused
+    }
+
+    /// After a failed step: a fatal producer error means a new producer.
+    pub fn recover(&mut self, e: &SchedulerError) -> Result<()> {
+        if let SchedulerError::Kafka(k) = e {
+            if classify(k) == ErrorClass::Fatal {
+                warn!("producer in a fatal state; recreating it");
+                self.recreate()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The highest acknowledged `timers` offset per partition since the last call.
+    pub fn take_delivered(&self) -> HashMap<i32, i64> {
+        std::mem::take(&mut *self.inner.context().delivered.lock().unwrap())
+    }
+
+    fn take_refusals(&self) -> Refusals {
+        std::mem::take(&mut *self.inner.context().refused.lock().unwrap())
+    }
+
+    /// The client, for metadata lookups.
+    pub fn client(&self) -> &rdkafka::client::Client<DeliveryContext> {
+        self.inner.client()
+    }
+
+    /// A new producer with the same transactional id, still to be initialised.
+    fn recreate(&mut self) -> Result<()> {
+        self.inner = new_producer(&self.config, &self.node_id, &self.timers_topic)?;
+        self.uninitialised = true;
+        Ok(())
+    }
+}
+
+/// Stable per node: a restarted node fences its previous incarnation.
+pub(super) fn transactional_id(config: &Config, node_id: &str) -> String {
+    format!("{}scheduler.{}", config.topic_prefix, node_id)
+}
+
+/// Aborts the open transaction of `owner` by initialising a producer with its transactional
+/// id (which bumps its epoch and fences it).
+pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
+    let started = Instant::now();
+    let mut c = crate::kafka::producer_config(config);
+    c.set(
+        "client.id",
+        format!("tocsin-scheduler-{me}-fencing-{owner}"),
+    );
+    c.set("transactional.id", transactional_id(config, owner));
+    c.set(
+        "transaction.timeout.ms",
+        config.scheduler.transaction_timeout_ms.to_string(),
+    );
+    let result = c
+        .create::<BaseProducer>()
+        .and_then(|p| p.init_transactions(TXN_TIMEOUT));
+    match result {
+        Ok(()) => info!(
+            previous_owner = owner,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "fenced the previous owner's open transaction"
+        ),
+        Err(e) => warn!(previous_owner = owner, error = %e, "could not fence the previous owner"),
+    }
+}
+
+fn new_producer(
+    config: &Config,
+    node_id: &str,
+    timers_topic: &str,
+) -> Result<BaseProducer<DeliveryContext>> {
+    let mut c = crate::kafka::producer_config(config);
+    c.set("client.id", format!("tocsin-scheduler-{node_id}"));
+    c.set("transactional.id", transactional_id(config, node_id));
+    c.set(
+        "transaction.timeout.ms",
+        config.scheduler.transaction_timeout_ms.to_string(),
+    );
+    c.set("queue.buffering.max.messages", "2000000");
+    c.set("queue.buffering.max.kbytes", "2097151");
+    // Back-to-back transactions meet CONCURRENT_TRANSACTIONS while the previous one's markers
+    // are written; librdkafka's default backoff (100 ms, growing to 1 s) would cost more than
+    // a transaction. Unless the `[kafka]` table says otherwise.
+    for (key, value) in [("retry.backoff.ms", "5"), ("retry.backoff.max.ms", "50")] {
+        if !config.kafka.contains_key(key) {
+            c.set(key, value);
+        }
+    }
+    // A `kafka` job's missing target must not be created by a produce to it (the broker's
+    // `auto.create.topics.enable` is on by default): it sends the run to `dead`.
+    c.set("allow.auto.create.topics", "false");
+    let ctx = DeliveryContext {
+        timers_topic: timers_topic.to_owned(),
+        prefix: config.topic_prefix.clone(),
+        ..DeliveryContext::default()
+    };
+    Ok(c.create_with_context(ctx)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::RDKafkaErrorCode;
+
+    #[test]
+    fn an_error_outside_a_transaction_call_aborts_the_transaction() {
+        let e = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(classify(&e), ErrorClass::Abortable);
+        assert_eq!(classify(&KafkaError::Canceled), ErrorClass::Abortable);
+    }
+}
