@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod partitioner;
+pub mod reach;
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaConfRes;
