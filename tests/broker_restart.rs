@@ -18,7 +18,7 @@ use common::broker::OwnBroker;
 use common::fleet::*;
 use common::http::*;
 use tocsin::config::Config;
-use tocsin::model::job::{HandlerKind, HandlerSpec, JobDefinition, MisfirePolicy, RetryPolicy};
+use tocsin::model::job::{JobDefinition, MisfirePolicy, RetryPolicy};
 use tocsin::model::records::FireReason;
 use tocsin::node::STALL_LIMIT_MS;
 
@@ -119,20 +119,10 @@ const NODES: [&str; 2] = ["scheduler", "worker"];
 
 /// A job every second whose run appends its job and run id to `ran` (exec, allowed for `/bin/sh`).
 fn job(id: &str, misfire: MisfirePolicy, ran: &Path) -> JobDefinition {
-    let handler = HandlerSpec {
-        kind: HandlerKind::Exec,
-        target: "/bin/sh".into(),
-        payload: vec![],
-        headers: Default::default(),
-        method: None,
-        args: vec![
-            "-c".into(),
-            format!(
-                "echo \"$TOCSIN_JOB_ID $TOCSIN_RUN_ID\" >> '{}'",
-                ran.display()
-            ),
-        ],
-    };
+    let handler = shell(&format!(
+        "echo \"$TOCSIN_JOB_ID $TOCSIN_RUN_ID\" >> '{}'",
+        ran.display()
+    ));
     JobDefinition {
         misfire,
         timeout_ms: 30_000,

@@ -47,22 +47,11 @@ async fn setup_exec(test: &str) -> (tocsin::config::Config, TestDir) {
     (config, dir)
 }
 
-fn exec(script: &str) -> HandlerSpec {
-    HandlerSpec {
-        kind: HandlerKind::Exec,
-        target: "/bin/sh".into(),
-        payload: vec![],
-        headers: Default::default(),
-        method: None,
-        args: vec!["-c".into(), script.into()],
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_worker_s_run_completes_elsewhere_and_a_redelivery_is_not_run_again() {
     let _g = SERIAL.lock().await;
     let (config, dir) = setup_exec("killworker").await;
-    let mut long = once_in("long", "acme", 2, exec("sleep 4"));
+    let mut long = once_in("long", "acme", 2, shell("sleep 4"));
     long.timeout_ms = 30_000;
     let _node = Node::start(&config, dir.path(), "s1");
     let w1 = Node::worker(&config, dir.path(), "w1", "p");
@@ -292,7 +281,7 @@ async fn exec_timeout_kills_the_command_and_fails_the_run() {
         "slow",
         "acme",
         3,
-        exec(&format!("sleep 3; touch {}", marker.display())),
+        shell(&format!("sleep 3; touch {}", marker.display())),
     );
     slow.timeout_ms = 1_000;
     slow.retry.max_attempts = 1;
@@ -319,7 +308,7 @@ async fn overlap_skip_runs_a_slow_job_once_per_run_and_reports_the_skipped() {
     let _g = SERIAL.lock().await;
     let (config, dir) = setup_exec("overlap").await;
     let mut slow = job("slow", "acme", every(1_000));
-    slow.handler = exec("sleep 3");
+    slow.handler = shell("sleep 3");
     slow.timeout_ms = 30_000;
     slow.overlap = OverlapPolicy::Skip;
     let _node = Node::start(&config, dir.path(), "s1");
@@ -529,7 +518,7 @@ async fn a_worker_joining_mid_run_takes_no_run_twice() {
                 &format!("j{t}-{wave}"),
                 tenant,
                 5 + 2 * wave,
-                exec("sleep 3"),
+                shell("sleep 3"),
             );
             j.timeout_ms = 30_000;
             j.retry.max_attempts = 1;

@@ -317,6 +317,18 @@ pub mod fleet {
         }
     }
 
+    /// An `exec` handler that runs `/bin/sh -c command` (workers need `--allow-exec /bin/sh`).
+    pub fn shell(command: &str) -> HandlerSpec {
+        HandlerSpec {
+            kind: HandlerKind::Exec,
+            target: "/bin/sh".into(),
+            payload: vec![],
+            headers: Default::default(),
+            method: None,
+            args: vec!["-c".into(), command.into()],
+        }
+    }
+
     /// `len` bytes of noise that compression cannot shrink (so a size the broker checks stays
     /// the size written).
     pub fn noise(len: usize) -> Vec<u8> {
