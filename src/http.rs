@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::node::NodeStatus;
+use crate::node::{NodeStatus, Reach};
 
 /// Largest request head (request line and headers) read; a longer one gets 431.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -107,6 +107,7 @@ pub struct Endpoint {
     node_id: String,
     scheduler: Option<Arc<NodeStatus>>,
     worker_ready: Option<Arc<AtomicBool>>,
+    brokers: Option<Arc<Reach>>,
     metrics: Option<PrometheusHandle>,
 }
 
@@ -117,6 +118,7 @@ impl Endpoint {
             node_id: node_id.into(),
             scheduler: None,
             worker_ready: None,
+            brokers: None,
             metrics,
         }
     }
@@ -142,8 +144,31 @@ impl Endpoint {
         self
     }
 
+    /// `reach` is what the node's broker probe finds (`kafka::reach`): no broker answering
+    /// makes the node not ready, and for longer than the stall limit, unhealthy.
+    pub fn with_brokers(mut self, reach: Arc<Reach>) -> Endpoint {
+        self.brokers = Some(reach);
+        self
+    }
+
     /// Why the node cannot make progress on its own, or `None` while it can.
     fn stalled(&self) -> Option<String> {
+        if let Some(r) = &self.brokers {
+            if let Some(Some(for_ms)) = r.unreachable_for(now_ms()) {
+                if for_ms > crate::node::STALL_LIMIT_MS {
+                    return Some(format!(
+                        "no broker answered for {} s (limit {} s): {}",
+                        for_ms / 1000,
+                        crate::node::STALL_LIMIT_MS / 1000,
+                        r.last_error
+                            .lock()
+                            .unwrap()
+                            .as_deref()
+                            .unwrap_or("no answer")
+                    ));
+                }
+            }
+        }
         let s = self.scheduler.as_ref()?;
         let since = s.failing_since_ms.load(Ordering::Relaxed);
         let failing_for = now_ms() - since;
@@ -162,6 +187,21 @@ impl Endpoint {
     /// Why the node is not ready, or `None` when it is.
     fn not_ready(&self) -> Option<String> {
         let mut why = Vec::new();
+        if let Some(r) = &self.brokers {
+            match r.unreachable_for(now_ms()) {
+                None => {}
+                Some(None) => why.push("brokers: none has answered yet".to_owned()),
+                Some(Some(for_ms)) => why.push(format!(
+                    "brokers: none answered for {} s: {}",
+                    for_ms / 1000,
+                    r.last_error
+                        .lock()
+                        .unwrap()
+                        .as_deref()
+                        .unwrap_or("no answer")
+                )),
+            }
+        }
         if let Some(s) = &self.scheduler {
             if !s.ready.load(Ordering::Relaxed) {
                 let owned = s.owned.load(Ordering::Relaxed);
@@ -208,6 +248,12 @@ impl Endpoint {
         }
         if let Some(r) = &self.worker_ready {
             doc["worker"] = serde_json::json!({ "ready": r.load(Ordering::Relaxed) });
+        }
+        if let Some(r) = &self.brokers {
+            doc["brokers"] = serde_json::json!({
+                "answered_ms": r.answered_ms.load(Ordering::Relaxed),
+                "last_error": *r.last_error.lock().unwrap(),
+            });
         }
         let mut body = doc.to_string();
         body.push('\n');
@@ -545,21 +591,58 @@ mod tests {
             now_ms() - crate::node::STALL_LIMIT_MS - 1_000,
             Ordering::Relaxed,
         );
-        let h = get(&e, "/healthz");
-        assert_eq!(h.status, 503);
+        let why = unhealthy(&e);
         assert!(
-            h.body
-                .starts_with("unhealthy: scheduler: every step failed for 12"),
-            "{}",
-            h.body
-        );
-        assert!(
-            h.body.contains("last error: kafka: broker down"),
-            "{}",
-            h.body
+            why.starts_with("scheduler: every step failed for 12")
+                && why.contains("last error: kafka: broker down"),
+            "{why}"
         );
         status.failing_since_ms.store(0, Ordering::Relaxed);
         assert_eq!(get(&e, "/healthz").status, 200);
+    }
+
+    #[test]
+    fn a_node_no_broker_answers_is_not_ready_and_past_the_stall_limit_unhealthy() {
+        let reach = Arc::new(Reach::default());
+        let e = scheduler(8, 8, true).with_brokers(reach.clone());
+        assert_eq!(
+            get(&e, "/readyz").body,
+            "not ready: brokers: none has answered yet\n"
+        );
+        reach.answered_ms.store(now_ms(), Ordering::Relaxed);
+        assert_eq!(get(&e, "/readyz").status, 200);
+        *reach.last_error.lock().unwrap() = Some("Local: Broker transport failure".into());
+        reach.answered_ms.store(
+            now_ms() - crate::node::UNREACHABLE_AFTER_MS - 2_000,
+            Ordering::Relaxed,
+        );
+        assert_eq!(
+            get(&e, "/readyz").body,
+            "not ready: brokers: none answered for 7 s: Local: Broker transport failure\n"
+        );
+        assert_eq!(get(&e, "/healthz").status, 200);
+        reach.answered_ms.store(
+            now_ms() - crate::node::STALL_LIMIT_MS - 1_000,
+            Ordering::Relaxed,
+        );
+        let why = unhealthy(&e);
+        assert!(
+            why.starts_with("no broker answered for 121 s (limit 120 s)"),
+            "{why}"
+        );
+        reach.answered_ms.store(now_ms(), Ordering::Relaxed);
+        assert_eq!(get(&e, "/healthz").status, 200);
+        assert_eq!(get(&e, "/readyz").status, 200);
+    }
+
+    /// Why `/healthz` says the node is unhealthy (it must).
+    fn unhealthy(e: &Endpoint) -> String {
+        let h = get(e, "/healthz");
+        assert_eq!(h.status, 503, "{}", h.body);
+        h.body
+            .strip_prefix("unhealthy: ")
+            .unwrap_or_else(|| panic!("{}", h.body))
+            .to_owned()
     }
 
     fn scheduler(owned: usize, active: usize, ready: bool) -> Endpoint {

@@ -32,8 +32,35 @@ pub struct NodeStatus {
     pub last_error: Mutex<Option<(i64, String)>>,
 }
 
+/// Whether the node reaches a broker, as its probe (`kafka::reach`) last found: a step blocked
+/// in a call that waits for a broker (a commit waits up to 30 s) reports nothing meanwhile, and
+/// a worker has no steps to fail.
+#[derive(Debug, Default)]
+pub struct Reach {
+    /// When a broker last answered the probe (ms since the epoch); 0 before the first answer.
+    pub answered_ms: AtomicI64,
+    /// Why the last probe got no answer, while none comes.
+    pub last_error: Mutex<Option<String>>,
+}
+
+/// No broker answered the probe for this long: the node is not ready. Longer than a probe's
+/// own timeout, so one slow answer does not take the node out of service.
+pub const UNREACHABLE_AFTER_MS: i64 = 5_000;
+
+impl Reach {
+    /// How long no broker has answered, when that is longer than `UNREACHABLE_AFTER_MS`
+    /// (`Some(None)`: none has answered yet).
+    pub fn unreachable_for(&self, now_ms: i64) -> Option<Option<i64>> {
+        match self.answered_ms.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Some(None),
+            at if now_ms - at > UNREACHABLE_AFTER_MS => Some(Some(now_ms - at)),
+            _ => None,
+        }
+    }
+}
+
 /// A node whose every step has failed for this long cannot make progress on its own (a
 /// producer wedged after a broker outage, a store that cannot write): `/healthz` fails so an
 /// orchestrator restarts it. Longer than a broker restart takes, so a restart alone does not
-/// cost the node its state.
+/// cost the node its state. The same holds for a node that reaches no broker for this long.
 pub const STALL_LIMIT_MS: i64 = 120_000;

@@ -4,39 +4,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::fleet::*;
+use common::http::*;
 use common::*;
-
-/// A port nobody listens on right now (bound and released; fine for a test).
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// Sends `request` and returns the status code and body; `None` when nobody answers.
-fn ask(addr: SocketAddr, request: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(request.as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
-}
-
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    ask(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
-    )
-}
 
 fn status_json(addr: SocketAddr) -> serde_json::Value {
     let (code, body) = get(addr, "/status").expect("/status answers");

@@ -349,3 +349,40 @@ async fn putting_a_kafka_job_whose_target_is_missing_warns_and_puts_it() {
     assert!(ok(out).contains("put now"));
     assert!(!stderr.contains("warning"), "{stderr}");
 }
+
+/// `config check` warns on a `[kafka]` key librdkafka does not know (exit 0) and refuses a
+/// value librdkafka would refuse (the nodes could not create a client with it).
+#[test]
+fn config_check_warns_on_unknown_kafka_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |body: &str| {
+        let path = dir.path().join("tocsin.toml");
+        std::fs::write(&path, body).unwrap();
+        tocsin()
+            .args(["config", "check"])
+            .arg(&path)
+            .output()
+            .expect("run tocsin config check")
+    };
+    let out = check(
+        "[kafka]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"PLAIN\"\n\
+         \"sasl.username\" = \"alice\"\n\"sasl.password\" = \"secret\"\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
+    let out = check("[kafka]\n\"sasl.usernme\" = \"alice\"\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("warning: ")
+            && stderr.contains("\"sasl.usernme\" is not a librdkafka setting"),
+        "{stderr}"
+    );
+    let out = check("[kafka]\n\"linger.ms\" = \"soon\"\n");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("\"linger.ms\""),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -43,9 +43,11 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     let status = Arc::new(NodeStatus::default());
     let worker_ready = Arc::new(AtomicBool::new(false));
     if !listen.is_empty() {
+        let reach = crate::kafka::reach::watch(&config, system_clock(), shutdown.clone())?;
         let endpoint = http::Endpoint::new("dev", http::prometheus())
             .with_scheduler(status.clone())
-            .with_worker(worker_ready.clone());
+            .with_worker(worker_ready.clone())
+            .with_brokers(reach);
         http::start(&listen, endpoint, shutdown.clone()).await?;
     }
     let admin = Admin::new(&config)?;

@@ -103,6 +103,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             config
                 .validate()
                 .with_context(|| format!("invalid config file {}", file.display()))?;
+            let refused = crate::kafka::refused_settings(&config);
+            for r in refused.iter().filter(|r| r.unknown) {
+                eprintln!(
+                    "warning: {}: [kafka] {:?} is not a librdkafka setting, and every client \
+                     would refuse it: {}",
+                    file.display(),
+                    r.key,
+                    r.reason
+                );
+            }
+            if let Some(r) = refused.iter().find(|r| !r.unknown) {
+                anyhow::bail!(
+                    "invalid config file {}: [kafka] {:?}: {}",
+                    file.display(),
+                    r.key,
+                    r.reason
+                );
+            }
             println!("{}: ok", file.display());
             Ok(())
         }

@@ -40,8 +40,10 @@ pub async fn run(mut config: Config, args: &SchedulerArgs) -> anyhow::Result<()>
     // Bound before anything else, so a taken port fails at once; /readyz says 503 until the
     // node has restored its partitions.
     if !config.scheduler.http_listen.is_empty() {
-        let endpoint =
-            http::Endpoint::new(&node_id, http::prometheus()).with_scheduler(status.clone());
+        let reach = crate::kafka::reach::watch(&config, system_clock(), shutdown.clone())?;
+        let endpoint = http::Endpoint::new(&node_id, http::prometheus())
+            .with_scheduler(status.clone())
+            .with_brokers(reach);
         http::start(&config.scheduler.http_listen, endpoint, shutdown.clone()).await?;
     }
     Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;

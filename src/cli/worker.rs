@@ -120,7 +120,11 @@ pub async fn run(mut config: Config, args: &WorkerArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let ready = Arc::new(AtomicBool::new(false));
     if !config.worker.http_listen.is_empty() {
-        let endpoint = http::Endpoint::new(&id, http::prometheus()).with_worker(ready.clone());
+        let reach =
+            crate::kafka::reach::watch(&config, crate::node::system_clock(), shutdown.clone())?;
+        let endpoint = http::Endpoint::new(&id, http::prometheus())
+            .with_worker(ready.clone())
+            .with_brokers(reach);
         http::start(&config.worker.http_listen, endpoint, shutdown.clone()).await?;
     }
     Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;

@@ -3,7 +3,10 @@
 
 pub mod admin;
 pub mod partitioner;
+pub mod reach;
 
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaConfRes;
 use rdkafka::ClientConfig;
 
 use crate::config::Config;
@@ -17,6 +20,40 @@ pub fn base_config(config: &Config) -> ClientConfig {
         c.set(k, v);
     }
     c
+}
+
+/// A `[kafka]` setting librdkafka does not take, with librdkafka's reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub key: String,
+    /// No such setting (a typo, or a Java client's name): a warning, since it is the setting's
+    /// author who knows whether it was meant for librdkafka.
+    pub unknown: bool,
+    pub reason: String,
+}
+
+/// The `[kafka]` settings librdkafka would refuse when a client is created, asked of
+/// librdkafka itself one at a time, so `config check` names them all before a node meets the
+/// first one.
+pub fn refused_settings(config: &Config) -> Vec<Refused> {
+    config
+        .kafka
+        .iter()
+        .filter_map(|(k, v)| {
+            let e = ClientConfig::new().set(k, v).create_native_config().err()?;
+            let (unknown, reason) = match e {
+                KafkaError::ClientConfig(res, reason, ..) => {
+                    (res == RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, reason)
+                }
+                other => (false, other.to_string()),
+            };
+            Some(Refused {
+                key: k.clone(),
+                unknown,
+                reason,
+            })
+        })
+        .collect()
 }
 
 /// A producer's settings: idempotent, and partitioning keys as Kafka's Java client does.
@@ -49,4 +86,31 @@ pub fn consumer_config(config: &Config, group_id: &str) -> ClientConfig {
         c.set(k, v);
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_librdkafka_refuses_are_named_with_its_reason() {
+        let mut c = Config::default();
+        for (k, v) in [
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanism", "PLAIN"),
+            ("sasl.username", "alice"),
+            ("sasl.password", "secret"),
+            ("sasl.usernme", "alice"),
+            ("linger.ms", "soon"),
+        ] {
+            c.kafka.insert(k.into(), v.into());
+        }
+        let refused = refused_settings(&c);
+        let keys: Vec<(&str, bool)> = refused
+            .iter()
+            .map(|r| (r.key.as_str(), r.unknown))
+            .collect();
+        assert_eq!(keys, [("linger.ms", false), ("sasl.usernme", true)]);
+        assert!(refused[1].reason.contains("sasl.usernme"), "{refused:?}");
+    }
 }

@@ -60,8 +60,13 @@ pub fn unique_prefix(test: &str) -> String {
 /// A configuration for one test: its own prefix, few partitions so a broker that holds many
 /// test prefixes does not drown in partitions.
 pub fn test_config(test: &str) -> Config {
+    test_config_on(&bootstrap(), test)
+}
+
+/// As `test_config`, on the broker at `bootstrap` (a test's own, [`broker::OwnBroker`]).
+pub fn test_config_on(bootstrap: &str, test: &str) -> Config {
     let mut c = Config {
-        bootstrap: bootstrap(),
+        bootstrap: bootstrap.to_owned(),
         topic_prefix: unique_prefix(test),
         ..Config::default()
     };
@@ -632,5 +637,142 @@ pub mod topics {
             .into_iter()
             .map(|(_, v)| tocsin::codec::decode(&v).expect("a runs record that is not a RunEvent"))
             .collect()
+    }
+}
+
+/// Asking a node's HTTP endpoint (`/healthz`, `/readyz`, `/status`, `/metrics`).
+pub mod http {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    /// A port nobody listens on right now (bound and released; fine for a test).
+    pub fn free_addr() -> SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    /// Sends `request` and returns the status code and body; `None` when nobody answers.
+    pub fn ask(addr: SocketAddr, request: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let (head, body) = out.split_once("\r\n\r\n")?;
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
+    }
+
+    pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+        ask(
+            addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
+        )
+    }
+}
+
+/// A broker of the test's own (`scripts/kafka` with its own state directory), for tests that
+/// stop it or configure it apart from the shared one. Dropping it stops the broker and deletes
+/// its data, topics included, also when the test fails.
+pub mod broker {
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    pub struct OwnBroker {
+        pub state: PathBuf,
+        pub bootstrap: String,
+        env: Vec<(String, String)>,
+    }
+
+    impl OwnBroker {
+        /// Starts a broker in a fresh state directory under the cache (never the shared
+        /// broker's), with `env` set for `scripts/kafka` (e.g. `TOCSIN_KAFKA_SASL=1`).
+        pub fn start(name: &str, env: &[(&str, &str)]) -> OwnBroker {
+            let cache = std::env::var("TOCSIN_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/tocsin")
+                });
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let state = cache.join(format!("broker-{name}-{}-{nanos}", std::process::id()));
+            let mut broker = OwnBroker {
+                state,
+                bootstrap: String::new(),
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            };
+            broker.bootstrap = broker.run(&["start"]);
+            broker
+        }
+
+        /// `scripts/kafka` for this broker.
+        fn script(&self) -> Command {
+            let mut c = Command::new(super::repo_root().join("scripts/kafka"));
+            c.env("TOCSIN_KAFKA_STATE", &self.state)
+                .env("TOCSIN_KAFKA_HEAP", "768m")
+                .envs(self.env.iter().map(|(k, v)| (k, v)));
+            c
+        }
+
+        /// Runs `scripts/kafka ARGS` on this broker; returns the last line it printed.
+        pub fn run(&self, args: &[&str]) -> String {
+            last_line(self.script().args(args), args)
+        }
+
+        pub fn stop(&self) {
+            self.run(&["stop"]);
+        }
+
+        /// Starts it again after `stop`, on the same address (the script refuses otherwise).
+        pub fn start_again(&self) {
+            let addr = last_line(
+                self.script()
+                    .arg("start")
+                    .env("TOCSIN_KAFKA_KEEP_PORT", "1"),
+                &["start"],
+            );
+            assert_eq!(
+                addr, self.bootstrap,
+                "the broker came back on another address"
+            );
+        }
+    }
+
+    fn last_line(command: &mut Command, args: &[&str]) -> String {
+        let out = command.output().expect("could not run scripts/kafka");
+        assert!(
+            out.status.success(),
+            "scripts/kafka {args:?} failed:\n{}",
+            super::text(&out.stderr)
+        );
+        super::text(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    impl Drop for OwnBroker {
+        fn drop(&mut self) {
+            let reset = Command::new(super::repo_root().join("scripts/kafka"))
+                .arg("reset")
+                .env("TOCSIN_KAFKA_STATE", &self.state)
+                .output();
+            if !reset.is_ok_and(|o| o.status.success()) {
+                eprintln!(
+                    "warning: could not stop the broker in {}",
+                    self.state.display()
+                );
+            }
+        }
     }
 }

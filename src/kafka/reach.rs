@@ -1,0 +1,54 @@
+//! The broker probe every node runs for its readiness: a metadata request each second on a
+//! client of its own, so what the node reports does not wait on its work (a scheduler's step
+//! can block for a transaction's timeout while the brokers are away).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::node::{NowFn, Reach};
+
+/// How often the probe asks.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long one question waits for an answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Starts the probe on a thread of its own, until `shutdown`; returns what it finds.
+///
+/// It asks for the metadata of `runs`, which every node writes (so an ACL that lets the node
+/// work lets it describe the topic); any answer counts, an error for the topic included: it
+/// comes from a broker.
+pub fn watch(
+    config: &Config,
+    now: NowFn,
+    shutdown: CancellationToken,
+) -> Result<Arc<Reach>, KafkaError> {
+    let client: BaseConsumer = crate::kafka::base_config(config)
+        .set("client.id", "tocsin-broker-probe")
+        .set("log_level", "0")
+        .create()?;
+    let topic = config.topic("runs");
+    let reach = Arc::new(Reach::default());
+    let found = reach.clone();
+    std::thread::Builder::new()
+        .name("tocsin-broker-probe".into())
+        .spawn(move || {
+            while !shutdown.is_cancelled() {
+                match client.fetch_metadata(Some(&topic), PROBE_TIMEOUT) {
+                    Ok(_) => {
+                        found.answered_ms.store(now(), Ordering::Relaxed);
+                        found.last_error.lock().unwrap().take();
+                    }
+                    Err(e) => *found.last_error.lock().unwrap() = Some(e.to_string()),
+                }
+                std::thread::sleep(PROBE_EVERY);
+            }
+        })
+        .expect("spawn the broker probe thread");
+    Ok(reach)
+}
