@@ -24,6 +24,7 @@ use super::deliver::{self, Target, Targets};
 use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::lane::{self, h};
+use super::lifecycle::{Action, Event, Lifecycle};
 use super::producer::{fence_owner, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
@@ -49,8 +50,6 @@ const SEQ_HEADER: &str = "tocsin-seq";
 /// A checkpoint older than this is not trusted: compaction may since have removed tombstones
 /// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
-/// How long our barrier may take to come back before the previous owner is fenced.
-const FENCE_AFTER: Duration = Duration::from_secs(1);
 /// A node fenced this recently is not fenced again (its abort is still being written).
 const FENCE_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// Most parsed schedules kept (see `cache_schedule`).
@@ -104,20 +103,6 @@ fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
         .collect()
 }
 
-enum Phase {
-    Restoring {
-        token: String,
-        /// When our barrier committed (`None`: still to be written). A barrier not back within
-        /// `FENCE_AFTER` means an open transaction of another producer holds the partition's
-        /// last stable offset.
-        barrier_at: Option<Instant>,
-        /// The node whose barrier we last replayed: the partition's previous owner.
-        previous_owner: Option<String>,
-        buffered: Vec<OwnedMessage>,
-    },
-    Active,
-}
-
 struct Topics {
     jobs: String,
     timers: String,
@@ -139,7 +124,9 @@ pub struct Engine {
     admin: Admin,
     runtime: tokio::runtime::Handle,
     topics: Topics,
-    parts: BTreeMap<i32, Phase>,
+    parts: BTreeMap<i32, Lifecycle<OwnedMessage>>,
+    /// The origin of the monotonic milliseconds the lifecycles are told time in.
+    started: Instant,
     /// Next offset to commit per (topic, partition), as of the last committed transaction.
     committed: HashMap<(String, i32), i64>,
     schedules: HashMap<String, Arc<Schedule>>,
@@ -278,6 +265,7 @@ impl Engine {
             runtime,
             topics,
             parts: BTreeMap::new(),
+            started: Instant::now(),
             committed: HashMap::new(),
             schedules: HashMap::new(),
             lanes: HashSet::new(),
@@ -355,11 +343,7 @@ impl Engine {
             self.fire_tick(now)?;
             *next_tick = ((self.now)() / tick + 1) * tick;
         }
-        let active = self
-            .parts
-            .values()
-            .filter(|p| matches!(p, Phase::Active))
-            .count();
+        let active = self.parts.values().filter(|p| p.is_active()).count();
         self.status.owned.store(self.parts.len(), Ordering::Relaxed);
         self.status.active.store(active, Ordering::Relaxed);
         self.status
@@ -378,10 +362,10 @@ impl Engine {
             match self.group.poll(left) {
                 Some(Ok(m)) => {
                     let m = m.detach();
-                    match self.parts.get_mut(&m.partition()) {
-                        Some(Phase::Active) => out.push(m),
-                        Some(Phase::Restoring { buffered, .. }) => buffered.push(m),
-                        None => {}
+                    if let Some(part) = self.parts.get_mut(&m.partition()) {
+                        if let Some(Action::Apply(m)) = part.on(Event::Record(m)) {
+                            out.push(m);
+                        }
                     }
                 }
                 Some(Err(e)) => warn!(error = %e, "consumer error"),
@@ -469,26 +453,19 @@ impl Engine {
             error!(partition = p, error = %e, "could not assign timers partition for restore");
         }
         info!(partition = p, from = ?from, "restoring partition");
-        self.parts.insert(
-            p,
-            Phase::Restoring {
-                token,
-                barrier_at: None,
-                previous_owner: None,
-                buffered: Vec::new(),
-            },
-        );
+        self.parts
+            .insert(p, Lifecycle::assigned(&self.node_id, token));
     }
 
     fn release(&mut self, p: i32) {
         match self.parts.remove(&p) {
-            Some(Phase::Restoring { .. }) => {
+            Some(part) if !part.is_active() => {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&self.topics.timers, p);
                 let _ = self.restorer.incremental_unassign(&tpl);
                 info!(partition = p, "abandoned restore of partition");
             }
-            Some(Phase::Active) => info!(partition = p, "released partition"),
+            Some(_) => info!(partition = p, "released partition"),
             None => {}
         }
         self.committed.remove(&(self.topics.jobs.clone(), p));
@@ -504,14 +481,7 @@ impl Engine {
         let pending: Vec<(i32, String)> = self
             .parts
             .iter()
-            .filter_map(|(p, phase)| match phase {
-                Phase::Restoring {
-                    token,
-                    barrier_at: None,
-                    ..
-                } => Some((*p, token.clone())),
-                _ => None,
-            })
+            .filter_map(|(p, part)| Some((*p, part.barrier_to_write()?.to_owned())))
             .collect();
         if pending.is_empty() {
             return Ok(());
@@ -553,9 +523,10 @@ impl Engine {
             self.abort();
             return Err(e);
         }
+        let at_ms = self.mono_ms();
         for (p, _) in &pending {
-            if let Some(Phase::Restoring { barrier_at, .. }) = self.parts.get_mut(p) {
-                *barrier_at = Some(Instant::now());
+            if let Some(part) = self.parts.get_mut(p) {
+                part.on(Event::BarrierCommitted { at_ms });
             }
         }
         Ok(())
@@ -586,6 +557,12 @@ impl Engine {
         self.producer.commit(offsets, group)
     }
 
+    /// Milliseconds since the engine started, on the monotonic clock (the lifecycles' time:
+    /// `now` may be a test's clock).
+    fn mono_ms(&self) -> i64 {
+        self.started.elapsed().as_millis() as i64
+    }
+
     /// Aborts the open transaction; returns what the broker refused in it.
     fn abort(&mut self) -> Refusals {
         self.producer.abort()
@@ -593,11 +570,7 @@ impl Engine {
 
     /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
     fn poll_restore(&mut self) -> Result<()> {
-        if !self
-            .parts
-            .values()
-            .any(|p| matches!(p, Phase::Restoring { .. }))
-        {
+        if !self.parts.values().any(|p| !p.is_active()) {
             return Ok(());
         }
         let mut batch = self.store.batch();
@@ -623,20 +596,18 @@ impl Engine {
             n += 1;
             let p = m.partition();
             checkpoints.insert(p, m.offset() + 1);
-            let Some(Phase::Restoring {
-                token,
-                previous_owner,
-                ..
-            }) = self.parts.get_mut(&p)
-            else {
+            let Some(part) = self.parts.get_mut(&p).filter(|part| !part.is_active()) else {
                 continue;
             };
             let key = m.key().unwrap_or_default();
             if let Some(owner) = key.strip_prefix(BARRIER_PREFIX) {
-                if m.payload() == Some(token.as_bytes()) {
-                    done.push(p);
-                } else if owner != self.node_id.as_bytes() {
-                    *previous_owner = Some(String::from_utf8_lossy(owner).into_owned());
+                let owner = String::from_utf8_lossy(owner);
+                let read = Event::BarrierRead {
+                    owner: &owner,
+                    token: m.payload().unwrap_or_default(),
+                };
+                if let Some(Action::Activate { buffered }) = part.on(read) {
+                    done.push((p, buffered));
                 }
                 continue;
             }
@@ -679,8 +650,8 @@ impl Engine {
             );
         }
         self.store.write(batch)?;
-        for p in done {
-            self.activate(p)?;
+        for (p, buffered) in done {
+            self.activate(p, buffered)?;
         }
         self.fence_stalled_owners();
         Ok(())
@@ -693,19 +664,15 @@ impl Engine {
     /// firing of the partitions already active goes on. A live previous owner loses only its
     /// open transaction (nothing of it was applied) and recreates its producer.
     fn fence_stalled_owners(&mut self) {
-        let mut owners = BTreeSet::new();
-        for phase in self.parts.values() {
-            if let Phase::Restoring {
-                barrier_at: Some(at),
-                previous_owner: Some(owner),
-                ..
-            } = phase
-            {
-                if at.elapsed() >= FENCE_AFTER {
-                    owners.insert(owner.clone());
-                }
-            }
-        }
+        let now_ms = self.mono_ms();
+        let owners: BTreeSet<String> = self
+            .parts
+            .values_mut()
+            .filter_map(|part| match part.on(Event::Tick { now_ms }) {
+                Some(Action::Fence(owner)) => Some(owner),
+                _ => None,
+            })
+            .collect();
         self.fence(owners);
     }
 
@@ -731,10 +698,9 @@ impl Engine {
         }
     }
 
-    fn activate(&mut self, p: i32) -> Result<()> {
-        let Some(Phase::Restoring { buffered, .. }) = self.parts.insert(p, Phase::Active) else {
-            return Ok(());
-        };
+    /// Starts firing `p`, whose replay just completed, after applying what was consumed of
+    /// it meanwhile (`buffered`).
+    fn activate(&mut self, p: i32, buffered: Vec<OwnedMessage>) -> Result<()> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topics.timers, p);
         self.restorer.incremental_unassign(&tpl)?;
@@ -805,7 +771,7 @@ impl Engine {
         let active: Vec<i32> = self
             .parts
             .iter()
-            .filter(|(_, ph)| matches!(ph, Phase::Active))
+            .filter(|(_, ph)| ph.is_active())
             .map(|(p, _)| *p)
             .collect();
         if active.is_empty() {
@@ -850,7 +816,7 @@ impl Engine {
             }
             scan = truncated
                 .into_iter()
-                .filter(|p| matches!(self.parts.get(p), Some(Phase::Active)))
+                .filter(|p| self.parts.get(p).is_some_and(|l| l.is_active()))
                 .collect();
             if scan.is_empty() {
                 return Ok(());
@@ -990,7 +956,7 @@ impl Engine {
             if let Some(((topic, p), o)) = self
                 .committed
                 .iter()
-                .find(|((_, p), _)| matches!(self.parts.get(p), Some(Phase::Active)))
+                .find(|((_, p), _)| self.parts.get(p).is_some_and(|l| l.is_active()))
             {
                 self.add_offset(&mut tpl, topic, *p, *o, None)?;
             }
@@ -1110,7 +1076,7 @@ impl Engine {
         };
         for e in due {
             let p = e.partition as i32;
-            if !matches!(self.parts.get(&p), Some(Phase::Active)) {
+            if !self.parts.get(&p).is_some_and(|l| l.is_active()) {
                 continue;
             }
             if let Some(reason) = self.set_aside(&e.job) {

@@ -15,6 +15,7 @@ pub use engine::other_tenants_job;
 pub mod fair;
 pub mod fire;
 pub mod lane;
+pub mod lifecycle;
 pub mod progress;
 pub mod store;
 
