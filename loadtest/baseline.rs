@@ -25,6 +25,8 @@ pub struct Baseline {
     pub per_s: f64,
     pub fires: u64,
     pub secs: f64,
+    /// The mean size (key and value) of the records it wrote.
+    pub record_bytes: usize,
 }
 
 struct Fire {
@@ -141,10 +143,15 @@ pub fn run(
         done += n;
     }
     let secs = started.elapsed().as_secs_f64();
+    let bytes: usize = prepared
+        .iter()
+        .map(|f| f.key.len() + f.run.len() + f.event_key.len() + f.event.len())
+        .sum();
     Ok(Baseline {
         per_s: fires as f64 / secs,
         fires,
         secs,
+        record_bytes: bytes / (2 * prepared.len()),
     })
 }
 

@@ -13,6 +13,7 @@ mod baseline;
 mod chart;
 mod fleet;
 mod load;
+mod perf;
 mod report;
 mod scenarios;
 mod target;

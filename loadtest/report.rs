@@ -89,6 +89,10 @@ pub struct Report {
     /// Raw transactional produce of the same records, fires per second.
     pub baseline_per_s: Option<f64>,
     pub ratio_to_baseline: Option<f64>,
+    /// Kafka's own ProducerPerformance, transactional, over the same records (two a fire),
+    /// in fires per second (`perf`): herd and baseline.
+    pub physical_limit_per_s: Option<f64>,
+    pub ratio_to_physical: Option<f64>,
     /// From the scheduled instant to visibility at a `read_committed` consumer (delay: of
     /// the target's records).
     pub lag_ms: Option<Lag>,
@@ -155,6 +159,11 @@ impl Report {
             ("fires/s", opt(f1(self.fires_per_s))),
             ("baseline fires/s", opt(f1(self.baseline_per_s))),
             ("ratio to baseline", opt(f2(self.ratio_to_baseline))),
+            (
+                "ProducerPerformance fires/s",
+                opt(f1(self.physical_limit_per_s)),
+            ),
+            ("ratio to it", opt(f2(self.ratio_to_physical))),
         ];
         let lag = |l: Option<Lag>| {
             l.map_or("-".into(), |l| {

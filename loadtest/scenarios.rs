@@ -39,6 +39,8 @@ struct Ctx<'a> {
     events: Vec<Event>,
     /// Delay: the target topic, outside the prefix (deleted with the run's topics).
     target: Option<String>,
+    /// ProducerPerformance over the baseline's records (herd, baseline), when it ran.
+    physical: Option<crate::perf::Limit>,
 }
 
 pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
@@ -176,6 +178,7 @@ impl<'a> Ctx<'a> {
             notes: Vec::new(),
             events: Vec::new(),
             target: None,
+            physical: None,
         })
     }
 
@@ -293,30 +296,51 @@ impl<'a> Ctx<'a> {
             per_s = b.per_s,
             "baseline done"
         );
+        if matches!(self.args.scenario, Scenario::Herd) {
+            self.physical(n, b.record_bytes)?;
+        }
         Ok(Some(b.per_s))
+    }
+
+    /// Kafka's own ProducerPerformance over `fires` fires' records of `record_bytes` each.
+    fn physical(&mut self, fires: u64, record_bytes: usize) -> Result<()> {
+        let limit = crate::perf::run(&self.rt, &self.config, fires, record_bytes)?;
+        tracing::info!(
+            records_per_s = limit.records_per_s,
+            fires_per_s = limit.fires_per_s,
+            record_bytes,
+            "ProducerPerformance done"
+        );
+        self.physical = Some(limit);
+        Ok(())
     }
 }
 
 /// `scripts/kafka start` of this repository; its last line is the bootstrap address.
 fn local_broker() -> Result<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
-    let out = Command::new(&script)
-        .arg("start")
-        .output()
-        .with_context(|| format!("could not run {} start", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} start failed:\n{}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    String::from_utf8_lossy(&out.stdout)
+    kafka_script("start")?
         .lines()
         .last()
         .map(|l| l.trim().to_owned())
         .filter(|l| !l.is_empty())
         .context("scripts/kafka start printed no bootstrap address")
+}
+
+/// What `scripts/kafka <command>` of this repository prints.
+pub fn kafka_script(command: &str) -> Result<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
+    let out = Command::new(&script)
+        .arg(command)
+        .output()
+        .with_context(|| format!("could not run {} {command}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {command} failed:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A setting of the (first) broker, for the report.
@@ -498,6 +522,8 @@ fn report(
         fires_per_s: None,
         baseline_per_s: None,
         ratio_to_baseline: None,
+        physical_limit_per_s: None,
+        ratio_to_physical: None,
         lag_ms: lag,
         append_lag_ms: None,
         per_tenant_lag_p99_ms: per_tenant,
@@ -744,6 +770,11 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     drains(&mut r, &v, at, &ctx.tenants);
     r.baseline_per_s = baseline;
     r.ratio_to_baseline = r.fires_per_s.zip(baseline).map(|(f, b)| f / b);
+    r.physical_limit_per_s = ctx.physical.map(|l| l.fires_per_s);
+    r.ratio_to_physical = r
+        .fires_per_s
+        .zip(r.physical_limit_per_s)
+        .map(|(f, l)| f / l);
     r.max_rss_mb = rss;
     r.ingest_per_s = Some(ingest);
 
@@ -1043,6 +1074,7 @@ fn baseline_only(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         )
     };
     let b = crate::baseline::run(&ctx.rt, &ctx.config, fires, jobs, &make)?;
+    ctx.physical(fires, b.record_bytes)?;
     let lane = ctx.config.topic("baseline.lane");
     let audit = Audit::start(&ctx.config, &[(lane, None)])?;
     let started = Instant::now();
@@ -1075,5 +1107,7 @@ fn baseline_only(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     r.fires_per_s = Some(b.per_s);
     r.baseline_per_s = Some(b.per_s);
     r.ratio_to_baseline = Some(1.0);
+    r.physical_limit_per_s = ctx.physical.map(|l| l.fires_per_s);
+    r.ratio_to_physical = r.physical_limit_per_s.map(|l| b.per_s / l);
     Ok((r, None))
 }

@@ -21,6 +21,8 @@ const FIELDS: &[&str] = &[
     "fires_per_s",
     "baseline_per_s",
     "ratio_to_baseline",
+    "physical_limit_per_s",
+    "ratio_to_physical",
     "lag_ms",
     "append_lag_ms",
     "per_tenant_lag_p99_ms",
@@ -164,6 +166,8 @@ fn herd_smoke() {
             "fires_per_s",
             "baseline_per_s",
             "ratio_to_baseline",
+            "physical_limit_per_s",
+            "ratio_to_physical",
             "drain_s",
             "max_rss_mb",
         ],
@@ -230,7 +234,12 @@ fn baseline_smoke() {
     run(
         "baseline",
         &["--baseline-fires", "3000", "--jobs", "500"],
-        &["baseline_per_s", "fires_per_s"],
+        &[
+            "baseline_per_s",
+            "fires_per_s",
+            "physical_limit_per_s",
+            "ratio_to_physical",
+        ],
     );
 }
 
