@@ -16,6 +16,7 @@ mod load;
 mod perf;
 mod report;
 mod scenarios;
+mod sink;
 mod target;
 
 use std::path::PathBuf;
@@ -39,6 +40,10 @@ pub enum Scenario {
     /// `--jobs` one-shot `kafka` jobs due in the same second, delivered to one target topic:
     /// what a consumer of delayed messages sees.
     Delay,
+    /// Steady `kafka` runs executed by a worker and reported on `runs` as Connect JSON, which
+    /// Kafka Connect's Debezium JDBC sink upserts into PostgreSQL (`scripts/connect`): the lag
+    /// from each run's finish to its finished row in `tocsin_runs`.
+    History,
 }
 
 impl Scenario {
@@ -50,6 +55,7 @@ impl Scenario {
             Scenario::Capacity => "capacity",
             Scenario::Baseline => "baseline",
             Scenario::Delay => "delay",
+            Scenario::History => "history",
         }
     }
 }
@@ -148,7 +154,7 @@ pub struct Args {
     /// Steady, failover: the interval of every job; jobs = rate × period.
     #[arg(long, default_value_t = 10_000)]
     pub period_ms: u64,
-    /// Length of the measured window [default: 30; capacity 10].
+    /// Length of the measured window [default: 30; history 60; capacity 10].
     #[arg(long)]
     pub duration_s: Option<u64>,
     /// Job count: herd runs [300000], delay messages [100000], capacity timers [1000000],
@@ -184,7 +190,7 @@ pub struct Args {
     /// Delay: who writes the payload to the target topic (`scheduler.kafka_delivery`).
     #[arg(long, value_enum, default_value_t = Via::Direct)]
     pub via: Via,
-    /// Delay: partitions of the target topic.
+    /// Delay, history: partitions of the target topic.
     #[arg(long, default_value_t = 16)]
     pub target_partitions: u32,
     /// Delay: `kill -9` at the due instant + this many ms, of scheduler node n1 (direct) or

@@ -100,6 +100,12 @@ pub struct Report {
     /// `LogAppendTime` timestamp).
     pub append_lag_ms: Option<Lag>,
     pub per_tenant_lag_p99_ms: BTreeMap<String, i64>,
+    /// History: from a run's finish (`finished_at` in `runs`, the worker's clock) to
+    /// PostgreSQL writing its finished row in `tocsin_runs` (`clock_timestamp()` in a trigger).
+    pub sink_lag_ms: Option<Lag>,
+    /// History: expected runs whose finished row landed, and those whose did not in time.
+    pub sink_landed: Option<u64>,
+    pub sink_missing: Option<u64>,
     pub expected: u64,
     pub lost: u64,
     pub duplicates: u64,
@@ -128,7 +134,11 @@ pub struct Report {
 
 impl Report {
     pub fn audit_passed(&self) -> bool {
-        self.lost == 0 && self.duplicates == 0 && self.unexpected == 0 && self.malformed == 0
+        self.lost == 0
+            && self.duplicates == 0
+            && self.unexpected == 0
+            && self.malformed == 0
+            && self.sink_missing.unwrap_or(0) == 0
     }
 
     /// The summary table.
@@ -172,6 +182,14 @@ impl Report {
         };
         rows.push(("lag ms p50/p99/p99.9/max", lag(self.lag_ms)));
         rows.push(("append lag ms p50/p99/p99.9/max", lag(self.append_lag_ms)));
+        rows.push(("sink lag ms p50/p99/p99.9/max", lag(self.sink_lag_ms)));
+        rows.push((
+            "sink rows landed (missing)",
+            match (self.sink_landed, self.sink_missing) {
+                (Some(l), Some(m)) => format!("{l} ({m})"),
+                _ => "-".into(),
+            },
+        ));
         for (t, p99) in &self.per_tenant_lag_p99_ms {
             let drain = self
                 .per_tenant_drain_s

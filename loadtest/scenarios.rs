@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use tocsin::config::{Config, KafkaDelivery};
+use tocsin::config::{Config, KafkaDelivery, Serialization};
 use tocsin::kafka::admin::{fleet_topics, lane_topic, Admin};
 use tocsin::model::job::{HandlerKind, JobDefinition, ScheduleSpec};
 
@@ -21,6 +21,7 @@ use crate::chart::{Chart, Series};
 use crate::fleet::{wait_all_active, Node};
 use crate::load::{job, put_jobs, wait_indexed};
 use crate::report::{Event, Lag, Report, Settings};
+use crate::sink::Sink;
 use crate::target::{self, Expect};
 use crate::{now_ms, Align, Args, KillMode, Scenario, Via};
 
@@ -51,6 +52,7 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
         Scenario::Capacity => capacity(&mut ctx),
         Scenario::Baseline => baseline_only(&mut ctx),
         Scenario::Delay => delay(&mut ctx),
+        Scenario::History => history(&mut ctx),
     };
     match &result {
         Ok((r, _)) if r.audit_passed() && !args.keep && args.work_dir.is_none() => {
@@ -120,12 +122,16 @@ impl<'a> Ctx<'a> {
         config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
         config.scheduler.data_dir = dir.join("data");
-        // Only `delay` delivers `kafka` runs (the lane scenarios' jobs have custom handlers).
-        config.scheduler.kafka_delivery = match args.via {
-            Via::Direct => KafkaDelivery::Direct,
-            Via::Worker => KafkaDelivery::Worker,
+        // Only `delay` and `history` deliver `kafka` runs (the lane scenarios' jobs have custom
+        // handlers); `history`'s go through a worker, which reports them on `runs`.
+        config.scheduler.kafka_delivery = match (args.scenario, args.via) {
+            (Scenario::History, _) | (_, Via::Worker) => KafkaDelivery::Worker,
+            (_, Via::Direct) => KafkaDelivery::Direct,
         };
-        // Only `delay` starts a worker; its consumer group is the run's own.
+        if args.scenario == Scenario::History {
+            config.topics.serialization.runs = Serialization::ConnectJson;
+        }
+        // Only `delay` and `history` start a worker; its consumer group is the run's own.
         config.worker.data_dir = dir.join("worker-data");
         config.worker.pool = config.topic_prefix.trim_end_matches('.').to_owned();
         config.validate()?;
@@ -180,6 +186,18 @@ impl<'a> Ctx<'a> {
             target: None,
             physical: None,
         })
+    }
+
+    /// Creates the target topic of `kafka` runs (deleted with the run's topics); returns its
+    /// name.
+    fn create_target(&mut self) -> Result<String> {
+        let topic = target::name(&self.config);
+        self.target = Some(topic.clone());
+        let partitions = self.args.target_partitions;
+        self.rt
+            .block_on(target::create(&self.config, &topic, partitions))?;
+        tracing::info!(topic = %topic, partitions, "target topic ready");
+        Ok(topic)
     }
 
     /// Notes in the report when indexing ended less than 500 ms before the due instant `at`.
@@ -527,6 +545,9 @@ fn report(
         lag_ms: lag,
         append_lag_ms: None,
         per_tenant_lag_p99_ms: per_tenant,
+        sink_lag_ms: None,
+        sink_landed: None,
+        sink_missing: None,
         expected: v.expected,
         lost: v.lost,
         duplicates: v.duplicates,
@@ -563,6 +584,25 @@ fn instants(anchor: i64, period: i64, from: i64, to: i64, out: &mut Vec<i64>) {
     while t < to {
         out.push(t);
         t += period;
+    }
+}
+
+/// The instants in `[from, to)` of each of `jobs` interval jobs of `period_ms`, by job index.
+fn interval_instants(
+    jobs: u64,
+    period_ms: u64,
+    align: Align,
+    from: i64,
+    to: i64,
+) -> impl Fn(u32, &mut Vec<i64>) {
+    move |j, out| {
+        instants(
+            interval_anchor(u64::from(j), jobs, period_ms, align),
+            period_ms as i64,
+            from,
+            to,
+            out,
+        )
     }
 }
 
@@ -652,15 +692,7 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     }
     sleep_until(to, &mut nodes, &audit)?;
 
-    let expected = |j: u32, out: &mut Vec<i64>| {
-        instants(
-            interval_anchor(u64::from(j), jobs, period, align),
-            period as i64,
-            from,
-            to,
-            out,
-        )
-    };
+    let expected = interval_instants(jobs, period, align, from, to);
     let want: u64 = (0..jobs as u32)
         .map(|j| {
             let mut out = Vec::new();
@@ -836,11 +868,7 @@ fn delay(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let n_nodes = a.nodes.unwrap_or(1);
     let payload = a.payload_bytes;
     let via = a.via;
-    let topic = target::name(&ctx.config);
-    ctx.target = Some(topic.clone());
-    ctx.rt
-        .block_on(target::create(&ctx.config, &topic, a.target_partitions))?;
-    tracing::info!(topic = %topic, partitions = a.target_partitions, "target topic ready");
+    let topic = ctx.create_target()?;
     let tenant_names = ctx.tenants.clone();
     let tenant_of: Vec<usize> = (0..jobs).map(|i| ctx.tenant_of(i)).collect();
 
@@ -947,6 +975,128 @@ fn delay(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         y_label: "% of the messages".into(),
         series,
         marks,
+    };
+    Ok((r, Some(chart)))
+}
+
+/// `history`: steady `kafka` runs through the scheduler and a worker, their reports on `runs`
+/// as Connect JSON, upserted by the Debezium JDBC sink into PostgreSQL (see `sink.rs` for how
+/// a row's arrival is taken). The lanes are audited as in `steady`; the sink lag is over the
+/// expected runs of the window whose finished row landed.
+fn history(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
+    let a = ctx.args;
+    let period = a.period_ms.max(1);
+    let jobs = a.jobs.unwrap_or(a.rate * period / 1000).max(1);
+    let rate = jobs * 1000 / period;
+    let duration = a.duration_s.unwrap_or(60);
+    let n_nodes = a.nodes.unwrap_or(1);
+    let align = a.align;
+    let payload = a.payload_bytes;
+    let topic = ctx.create_target()?;
+    let tenant_names = ctx.tenants.clone();
+    let tenant_of: Vec<usize> = (0..jobs).map(|i| ctx.tenant_of(i)).collect();
+    let make = |i: u64| {
+        let spec = ScheduleSpec::Interval {
+            every_ms: period,
+            anchor_ms: interval_anchor(i, jobs, period, align),
+        };
+        let mut j = job(i, &tenant_names[tenant_of[i as usize]], spec, payload);
+        j.handler.kind = HandlerKind::Kafka;
+        j.handler.target = topic.clone();
+        j
+    };
+
+    // Before any run, so the sink reads `runs` from its start; dropped (stopped, its database
+    // and group removed) on every way out.
+    let sink = Sink::start(&ctx.config)?;
+    let audit = Audit::start(&ctx.config, &ctx.lanes())?;
+    let mut procs = ctx.start_nodes(n_nodes)?;
+    let pool = &ctx.config.worker.pool;
+    procs.push(Node::worker(&ctx.bin, &ctx.cfg_path, &ctx.dir, "w1", pool)?);
+    let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
+    settle(
+        &audit,
+        &mut procs,
+        ceil_second(indexed_ms) + 2_000,
+        ctx.config.scheduler.tick_ms as i64 + 1_000,
+        Duration::from_secs(a.settle_max_s),
+    )?;
+    sink.install_landing_stamp(Duration::from_secs(60))?;
+    let from = ceil_second(now_ms() + 500);
+    let to = from + duration as i64 * 1000;
+    sleep_until(to, &mut procs, &audit)?;
+
+    let expected = interval_instants(jobs, period, align, from, to);
+    let mut want_runs = std::collections::HashSet::new();
+    for j in 0..jobs as u32 {
+        let mut out = Vec::new();
+        expected(j, &mut out);
+        want_runs.extend(
+            out.into_iter()
+                .map(|t| (crate::load::job_id(u64::from(j)), t)),
+        );
+    }
+    let want = want_runs.len();
+    wait_visible(
+        &audit,
+        want as u64,
+        from,
+        to,
+        Duration::from_secs(30),
+        Duration::from_secs(3),
+    )?;
+    sink.wait_landed(want, from, to, Duration::from_secs(120))?;
+    let landed = sink.landed(from, to)?;
+    stop_all(&mut procs)?;
+    drop(sink);
+    let (obs, malformed) = audit.finish()?;
+    let v = verdict(&obs, 0..jobs as u32, &expected, from, to);
+
+    let mut lags = Vec::new();
+    let mut points = Vec::new();
+    let mut not_succeeded = 0;
+    for l in &landed {
+        if !want_runs.contains(&(l.job_id.clone(), l.scheduled_ms)) {
+            continue;
+        }
+        if l.status != "succeeded" || l.attempt != 1 {
+            not_succeeded += 1;
+        }
+        lags.push(l.landed_ms - l.finished_ms);
+        points.push((
+            (l.finished_ms - from) as f64 / 1000.0,
+            (l.landed_ms - l.finished_ms) as f64,
+        ));
+    }
+    if not_succeeded > 0 {
+        ctx.notes.push(format!(
+            "{not_succeeded} landed rows are not succeeded at attempt 1"
+        ));
+    }
+    ctx.notes.push(
+        "sink lag: finished_at (worker) to the trigger's clock_timestamp() when PostgreSQL \
+         wrote the finished row; the sink commits it with the rest of its batch"
+            .into(),
+    );
+    let mut settings = ctx.settings(Some(rate), Some(period), Some(duration));
+    settings.via = Some(Via::Worker.name().into());
+    settings.target_topic = Some(topic.clone());
+    settings.target_partitions = Some(a.target_partitions);
+    let mut r = report(ctx, jobs, n_nodes, &v, malformed, settings);
+    r.fires_per_s = Some(v.fires as f64 / duration as f64);
+    r.ingest_per_s = Some(ingest);
+    r.sink_landed = Some(lags.len() as u64);
+    r.sink_missing = Some(want.saturating_sub(lags.len()) as u64);
+    r.sink_lag_ms = Lag::of(&mut lags);
+    let chart = Chart {
+        title: format!("history: finish to row in PostgreSQL, {rate} runs/s"),
+        x_label: "finished, s from window start".into(),
+        y_label: "sink lag ms".into(),
+        series: vec![Series {
+            name: format!("{} runs", points.len()),
+            points,
+        }],
+        marks: Vec::new(),
     };
     Ok((r, Some(chart)))
 }

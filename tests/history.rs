@@ -4,148 +4,45 @@
 //! Connect JSON (`topics.serialization.runs = "connect_json"`).
 
 mod common;
+// The history sink of one test, shared with the benchmark: its own Connect worker (named by the
+// topic prefix) and its own database, both removed when dropped.
+#[allow(dead_code)]
+#[path = "../loadtest/sink.rs"]
+mod sink;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
 use common::fleet::*;
+use common::text;
 use common::topics::read_all;
-use common::{repo_root, text};
+use sink::Sink;
 use tocsin::config::{Config, Serialization};
 use tocsin::history::{decode_row, RunRow};
 use tocsin::model::job::{RetryPolicy, ScheduleSpec};
 
-/// The history sink of one test: its own Connect worker (named by the topic prefix) and its own
-/// database, both removed when dropped.
-struct Sink {
-    prefix: String,
-    database: String,
-    postgres: String,
-    bootstrap: String,
-}
-
-impl Sink {
-    fn start(config: &Config) -> Sink {
-        let database = config
-            .topic_prefix
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect::<String>()
-            .to_lowercase();
-        let mut sink = Sink {
-            prefix: config.topic_prefix.clone(),
-            database: format!("h_{}", database.trim_matches('_')),
-            postgres: String::new(),
-            bootstrap: config.bootstrap.clone(),
-        };
-        sink.postgres = sink.connect("start");
-        sink
-    }
-
-    /// Runs `scripts/connect CMD` for this sink; returns the PostgreSQL URL it printed.
-    fn connect(&self, cmd: &str) -> String {
-        let out = Command::new(repo_root().join("scripts/connect"))
-            .args([
-                cmd,
-                "--bootstrap",
-                &self.bootstrap,
-                "--prefix",
-                &self.prefix,
-            ])
-            .args(["--database", &self.database])
-            .output()
-            .expect("could not run scripts/connect");
-        assert!(
-            out.status.success(),
-            "scripts/connect {cmd} failed:\n{}",
-            text(&out.stderr)
-        );
-        text(&out.stdout)
+/// Every row of `tocsin_runs` by run id; empty until the sink created the table.
+fn table_rows(sink: &Sink) -> BTreeMap<String, RunRow> {
+    let ms = |c: &str| format!("(extract(epoch from {c}_at) * 1000)::bigint as {c}_ms");
+    let sql = format!(
+        "select row_to_json(t) from (select run_id, job_id, tenant, status, attempt, {}, {}, \
+         {}, {}, node, worker, error, duration_ms, {} from tocsin_runs) t",
+        ms("scheduled"),
+        ms("fired"),
+        ms("started"),
+        ms("finished"),
+        ms("updated"),
+    );
+    match sink.query(&sql) {
+        Ok(out) => out
             .lines()
-            .find_map(|l| l.strip_prefix("postgres="))
-            .map(str::to_owned)
-            .unwrap_or_default()
-    }
-
-    fn psql(&self, url: &str, sql: &str) -> Result<String, String> {
-        let out = Command::new("psql")
-            .args([url, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .expect("could not run psql");
-        if out.status.success() {
-            Ok(text(&out.stdout))
-        } else {
-            Err(text(&out.stderr))
-        }
-    }
-
-    /// Every row of `tocsin_runs` by run id; empty until the sink created the table.
-    fn rows(&self) -> BTreeMap<String, RunRow> {
-        let ms = |c: &str| format!("(extract(epoch from {c}_at) * 1000)::bigint as {c}_ms");
-        let sql = format!(
-            "select row_to_json(t) from (select run_id, job_id, tenant, status, attempt, {}, {}, \
-             {}, {}, node, worker, error, duration_ms, {} from tocsin_runs) t",
-            ms("scheduled"),
-            ms("fired"),
-            ms("started"),
-            ms("finished"),
-            ms("updated"),
-        );
-        match self.psql(&self.postgres, &sql) {
-            Ok(out) => out
-                .lines()
-                .map(|l| {
-                    let r: RunRow = serde_json::from_str(l).expect("a row of tocsin_runs");
-                    (r.run_id.clone(), r)
-                })
-                .collect(),
-            Err(e) if e.contains("does not exist") => BTreeMap::new(),
-            Err(e) => panic!("query of tocsin_runs failed: {e}"),
-        }
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        let _ = Command::new(repo_root().join("scripts/connect"))
-            .args(["stop", "--prefix", &self.prefix])
-            .status();
-        if let Some((server, _)) = self.postgres.rsplit_once('/') {
-            let drop = format!("drop database if exists {} with (force)", self.database);
-            if let Err(e) = self.psql(&format!("{server}/postgres"), &drop) {
-                eprintln!("warning: could not drop database {}: {e}", self.database);
-            }
-        }
-        // The sink's consumer group (connect-<connector name>), so the broker keeps no trace.
-        let slug: String = self
-            .prefix
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
+            .map(|l| {
+                let r: RunRow = serde_json::from_str(l).expect("a row of tocsin_runs");
+                (r.run_id.clone(), r)
             })
-            .collect();
-        let group = format!("connect-tocsin-runs-{slug}");
-        let bootstrap = self.bootstrap.clone();
-        let _ = std::thread::spawn(move || {
-            use rdkafka::admin::{AdminClient, AdminOptions};
-            use rdkafka::client::DefaultClientContext;
-            let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", &bootstrap)
-                .create()
-                .ok()?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(admin.delete_groups(&[group.as_str()], &AdminOptions::new()))
-                .ok()
-        })
-        .join();
+            .collect(),
+        Err(e) if e.to_string().contains("does not exist") => BTreeMap::new(),
+        Err(e) => panic!("query of tocsin_runs failed: {e:#}"),
     }
 }
 
@@ -180,7 +77,7 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
     config.topics.serialization.dead = Serialization::ConnectJson;
     config.worker.exec.enabled = true;
     config.worker.exec.allow = vec!["/bin/sh".into()];
-    let sink = Sink::start(&config);
+    let sink = Sink::start(&config).expect("the history sink");
 
     let counter = dir.path().join("flaky-attempts");
     let retry = RetryPolicy {
@@ -219,7 +116,7 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
         "flaky to succeed, broken to be dead and three ticks in tocsin_runs",
         &[&node, &worker],
         || {
-            let rows = sink.rows();
+            let rows = table_rows(&sink);
             let done =
                 |job: &str, status: &str| of_job(&rows, job).iter().any(|r| r.status == status);
             done("flaky", "succeeded")
@@ -233,10 +130,10 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
     );
 
     // Connect stops mid-way while runs go on, and starts again from its committed offsets.
-    let before = of_job(&sink.rows(), "tick").len();
-    sink.connect("stop");
+    let before = of_job(&table_rows(&sink), "tick").len();
+    sink.script("stop").unwrap();
     std::thread::sleep(Duration::from_secs(4));
-    sink.connect("start");
+    sink.script("start").unwrap();
     std::thread::sleep(Duration::from_secs(3));
     delete_job(&config, "tick").await;
     std::thread::sleep(Duration::from_secs(3));
@@ -249,7 +146,7 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
         "tocsin_runs to hold the last report of every run",
         &[&node, &worker],
         || {
-            rows = sink.rows();
+            rows = table_rows(&sink);
             rows == want
         },
     );
@@ -268,10 +165,7 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
         before
     );
     let count = sink
-        .psql(
-            &sink.postgres,
-            "select count(*), count(distinct run_id) from tocsin_runs",
-        )
+        .query("select count(*), count(distinct run_id) from tocsin_runs")
         .unwrap();
     assert_eq!(count.trim(), format!("{0}|{0}", want.len()));
 
@@ -357,8 +251,7 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
 
     // The instants are timestamps, the key the primary key.
     let types = sink
-        .psql(
-            &sink.postgres,
+        .query(
             "select column_name || ':' || data_type from information_schema.columns \
              where table_name = 'tocsin_runs' and column_name like '%_at' order by 1",
         )
@@ -372,8 +265,7 @@ async fn runs_land_in_postgres_one_row_per_run_through_a_connect_restart() {
         "{types:?}"
     );
     let key = sink
-        .psql(
-            &sink.postgres,
+        .query(
             "select a.attname from pg_index i join pg_attribute a on a.attrelid = i.indrelid \
              and a.attnum = any(i.indkey) where i.indrelid = 'tocsin_runs'::regclass and i.indisprimary",
         )

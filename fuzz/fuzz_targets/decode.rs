@@ -46,8 +46,8 @@ fn avro<T: AvroRecord + PartialEq + Debug>(data: &[u8]) {
         [0x00, _, _, _, _, body @ ..] => body,
         [0xC3, 0x01, rest @ ..]
             if rest.len() >= 8
-                && u64::from_le_bytes(rest[..8].try_into().unwrap())
-                    == T::compiled().fingerprint() =>
+                && [T::compiled().fingerprint(), T::compiled().legacy_fingerprint()]
+                    .contains(&u64::from_le_bytes(rest[..8].try_into().unwrap())) =>
         {
             &rest[8..]
         }

@@ -5,7 +5,9 @@
 //! is explicit), and the two framings a value can travel in:
 //!
 //! - single-object encoding, `C3 01` + the 8-byte little-endian CRC-64-AVRO fingerprint of the
-//!   writer's schema + the Avro binary body: what Tocsin writes on its own topics;
+//!   writer's schema's Parsing Canonical Form (`canonical.rs`, by the specification, so that
+//!   Java's `BinaryMessageEncoder` and fastavro agree) + the Avro binary body: what Tocsin
+//!   writes on its own topics;
 //! - the Confluent wire format, `00` + a 4-byte big-endian schema registry id + the body: for
 //!   `runs` when a schema registry is configured (the id comes from the caller).
 //!
@@ -23,6 +25,7 @@
 //! or change the bytes of an existing schema version without adding a new one.
 
 mod binary;
+mod canonical;
 pub mod connect;
 mod convert;
 mod direct;
@@ -111,8 +114,9 @@ pub fn encode_into<T: AvroRecord>(v: &T, framing: &Framing, out: &mut Vec<u8>) {
 }
 
 /// Decodes a value in either framing. A single-object value must carry the fingerprint of our
-/// schema (or of one of its earlier versions, which is then resolved to the current one); a
-/// Confluent body is read with our current schema.
+/// schema (the specification's, or the one earlier builds wrote: see
+/// [`CompiledSchema::legacy_fingerprint`]) or of one of its earlier versions, which is then
+/// resolved to the current one; a Confluent body is read with our current schema.
 pub fn decode<T: AvroRecord>(bytes: &[u8]) -> Result<T, CodecError> {
     decode_with(T::compiled(), bytes)
 }
@@ -141,7 +145,7 @@ fn decode_with<T: AvroRecord>(compiled: &CompiledSchema, bytes: &[u8]) -> Result
             fp.copy_from_slice(&bytes[2..SINGLE_OBJECT_HEADER_LEN]);
             let found = u64::from_le_bytes(fp);
             let body = &bytes[SINGLE_OBJECT_HEADER_LEN..];
-            if found == compiled.fingerprint() {
+            if compiled.is_current(found) {
                 read_current(compiled, body, SINGLE_OBJECT_HEADER_LEN)
             } else if let Some(past) = compiled.past(found) {
                 let value = read_body(&past.shape, record, body, SINGLE_OBJECT_HEADER_LEN)?;

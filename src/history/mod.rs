@@ -22,6 +22,29 @@ use crate::model::records::{DeadLetter, RunEvent, RunEventKind};
 /// rows can say it too.
 pub const NODE_HEADER: &str = "tocsin-node";
 
+/// The consumer group of the history sink that `scripts/connect` runs for `topic_prefix`:
+/// Connect names a sink's group `connect-<connector name>`, and the script names the connector
+/// `tocsin-runs-<prefix>`, each character outside `[A-Za-z0-9_-]` written `_` (an empty prefix
+/// as the default one, `tocsin.`).
+pub fn sink_group(topic_prefix: &str) -> String {
+    let prefix = if topic_prefix.is_empty() {
+        "tocsin."
+    } else {
+        topic_prefix
+    };
+    let slug: String = prefix
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("connect-tocsin-runs-{slug}")
+}
+
 /// Who reports an event: the scheduler node that fired the run, or the worker running it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reporter {

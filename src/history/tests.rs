@@ -215,3 +215,13 @@ fn a_dead_letter_envelope_keeps_its_error_and_instants() {
         codec::encode(&dead, &Framing::SingleObject)
     );
 }
+
+#[test]
+fn the_sink_group_is_the_one_scripts_connect_names() {
+    assert_eq!(
+        sink_group("t123-history-42."),
+        "connect-tocsin-runs-t123-history-42_"
+    );
+    assert_eq!(sink_group("a.b/c"), "connect-tocsin-runs-a_b_c");
+    assert_eq!(sink_group(""), "connect-tocsin-runs-tocsin_");
+}

@@ -137,6 +137,20 @@ impl Admin {
         Ok(names)
     }
 
+    /// Deletes the consumer groups `groups` (a test's or a benchmark's, when it is done); a
+    /// group that does not exist is not an error.
+    pub async fn delete_groups(&self, groups: &[&str]) -> Result<()> {
+        let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+        for r in self.client.delete_groups(groups, &opts).await? {
+            if let Err((group, code)) = r {
+                if code != RDKafkaErrorCode::GroupIdNotFound {
+                    tracing::warn!(group = %group, error = %code, "could not delete group");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Partition counts of every topic the broker has, by name.
     pub fn partition_counts(&self) -> Result<BTreeMap<String, u32>> {
         // A blocking call: fine for the CLI, and the scheduler calls it from its own thread.

@@ -153,30 +153,41 @@ impl Drop for TopicsGuard {
 /// The partition Kafka's Java client's default partitioner picks for each key, asked of the
 /// broker's own jars (`tests/java/Murmur2.java`).
 pub fn java_partitions(keys: &[String], partitions: u32) -> Vec<u32> {
-    use std::io::Write;
-    use std::process::Stdio;
-    let mut java = Command::new("java")
-        .arg("-cp")
+    let mut java = Command::new("java");
+    java.arg("-cp")
         .arg(kafka_classpath())
         .arg(repo_root().join("tests/java/Murmur2.java"))
-        .arg(partitions.to_string())
+        .arg(partitions.to_string());
+    answer_lines(java, keys)
+        .iter()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+/// Runs `command` with `lines` on its standard input, one a line, and returns the lines of its
+/// standard output; fails loudly when it cannot start or exits with an error.
+pub fn answer_lines(mut command: Command, lines: &[String]) -> Vec<String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("java");
+        .unwrap_or_else(|e| panic!("could not start {command:?}: {e}"));
     {
-        let mut stdin = java.stdin.take().unwrap();
-        for k in keys {
-            writeln!(stdin, "{k}").unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for l in lines {
+            writeln!(stdin, "{l}").unwrap();
         }
     }
-    let out = java.wait_with_output().unwrap();
-    assert!(out.status.success(), "java failed: {}", text(&out.stderr));
-    text(&out.stdout)
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect()
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?} failed: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout).lines().map(str::to_owned).collect()
 }
 
 /// Reads every partition of `topic` from the beginning to the end a `read_committed` consumer
