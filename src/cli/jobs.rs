@@ -300,13 +300,7 @@ pub fn now_ms() -> i64 {
 
 /// Writes a job definition to `jobs`, keyed by its id.
 pub async fn put(config: &Config, def: &JobDefinition) -> anyhow::Result<()> {
-    send(
-        config,
-        "jobs",
-        &def.id,
-        Some(codec::encode(def, &Framing::SingleObject)),
-    )
-    .await
+    put_all(config, std::slice::from_ref(def)).await
 }
 
 /// The job's definition, or an error when it has none on `jobs` (a request for a job that does
@@ -327,15 +321,38 @@ fn owned(config: &Config, id: &str, tenant: Option<&str>) -> anyhow::Result<JobD
 /// How long a CLI write may wait for the broker before it fails.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Writes job definitions to `jobs` through one producer, in order.
+pub async fn put_all(config: &Config, defs: &[JobDefinition]) -> anyhow::Result<()> {
+    let producer = cli_producer(config)?;
+    for def in defs {
+        let value = codec::encode(def, &Framing::SingleObject);
+        deliver(&producer, config, "jobs", &def.id, Some(value)).await?;
+    }
+    Ok(())
+}
+
+fn cli_producer(config: &Config) -> anyhow::Result<FutureProducer> {
+    Ok(crate::kafka::producer_config(config)
+        .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
+        .create()?)
+}
+
 async fn send(
     config: &Config,
     topic: &str,
     key: &str,
     value: Option<Vec<u8>>,
 ) -> anyhow::Result<()> {
-    let producer: FutureProducer = crate::kafka::producer_config(config)
-        .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
-        .create()?;
+    deliver(&cli_producer(config)?, config, topic, key, value).await
+}
+
+async fn deliver(
+    producer: &FutureProducer,
+    config: &Config,
+    topic: &str,
+    key: &str,
+    value: Option<Vec<u8>>,
+) -> anyhow::Result<()> {
     let topic = config.topic(topic);
     let mut record = FutureRecord::<str, [u8]>::to(&topic).key(key);
     if let Some(v) = &value {
