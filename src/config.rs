@@ -210,7 +210,8 @@ impl Default for SchedulerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct WorkerConfig {
     pub pool: String,
-    /// Lane topics: tenant names, or `*` for every lane (a pattern).
+    /// Lane topics: tenant names, or `*` for every lane (found in the broker's metadata every
+    /// second).
     pub lanes: Vec<String>,
     /// Runs executing at once on this worker (default 1024). A run holds its slot while its
     /// handler runs; the reports of a finished run are delivered after it gave the slot back.
@@ -559,7 +560,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_valid_and_match_the_design() {
+    fn defaults_are_valid_and_match_the_architecture() {
         let c = Config::default();
         c.validate().unwrap();
         assert_eq!(c.topics.job_partitions, 1024);

@@ -386,3 +386,303 @@ fn config_check_warns_on_unknown_kafka_keys() {
         text(&out.stderr)
     );
 }
+
+fn ids(list: &str) -> Vec<String> {
+    let jobs: Vec<serde_json::Value> = serde_json::from_str(list).expect("list --json is JSON");
+    jobs.iter()
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Lines of `jobs next` or a dry run: the UTC instant first.
+fn instants(out: &str) -> Vec<&str> {
+    out.lines().map(|l| l.split(' ').next().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_next_bounds_labels_and_exec_commands_through_the_cli() {
+    let (config, _dir) = setup_sized("jobscli-list", 8).await;
+    // Hourly, bounded to [00:00, 02:30) of 2030-01-01: three instants in all.
+    ok(jobs(
+        &config,
+        &[
+            "put",
+            "--id",
+            "a1",
+            "--tenant",
+            "acme",
+            "--cron",
+            "0 0 * * * *",
+            "--start",
+            "2030-01-01T00:00:00Z",
+            "--end",
+            "2030-01-01T02:30:00Z",
+            "--label",
+            "team=billing",
+            "--label",
+            "tier=gold",
+            "--target",
+            "out",
+        ],
+    ));
+    ok(jobs(
+        &config,
+        &[
+            "put", "--id", "a2", "--tenant", "acme", "--every", "1h", "--label", "team=ops",
+            "--target", "out",
+        ],
+    ));
+    ok(jobs(&config, &["pause", "a2"]));
+    // An exec job typed as people type a command: after `--`, hyphens and all.
+    ok(jobs(
+        &config,
+        &[
+            "put", "--id", "g1", "--tenant", "globex", "--every", "1h", "--", "sh", "-c", "echo hi",
+        ],
+    ));
+    // The same with flags: `--arg -c` is a value, not an unknown flag.
+    ok(jobs(
+        &config,
+        &[
+            "put",
+            "--id",
+            "g2",
+            "--tenant",
+            "globex",
+            "--every",
+            "1h",
+            "--handler",
+            "exec",
+            "--target",
+            "sh",
+            "--arg",
+            "-c",
+            "--arg",
+            "echo $X",
+        ],
+    ));
+    ok(jobs(
+        &config,
+        &[
+            "put", "--id", "gone", "--tenant", "globex", "--every", "1h", "--target", "out",
+        ],
+    ));
+    ok(jobs(&config, &["delete", "gone"]));
+    let a1 = get(&config, "a1");
+    assert_eq!(a1["start_ms"], 1_893_456_000_000i64, "{a1}");
+    assert_eq!(a1["end_ms"], 1_893_465_000_000i64, "{a1}");
+    assert_eq!(a1["labels"]["tier"], "gold", "{a1}");
+    // Records the scheduler rejects leave the job as it was, for `list`, `get` and `next`:
+    // another tenant's definition of a1, and bytes that are no definition at all.
+    let mut theirs = fleet::job("a1", "mallory", fleet::every(60_000));
+    theirs.labels.insert("team".into(), "billing".into());
+    fleet::put_jobs(&config, &[theirs]).await;
+    fleet::produce_raw(
+        &config,
+        "jobs",
+        &[(b"a1".to_vec(), Some(b"garbage".to_vec()))],
+    )
+    .await;
+
+    assert_eq!(get(&config, "a1"), a1);
+    let g1 = get(&config, "g1");
+    assert_eq!(g1["handler"]["kind"], "exec");
+    assert_eq!(g1["handler"]["target"], "sh");
+    assert_eq!(g1["handler"]["args"], serde_json::json!(["-c", "echo hi"]));
+    let g2 = get(&config, "g2");
+    assert_eq!(g2["handler"]["args"], serde_json::json!(["-c", "echo $X"]));
+
+    let list = |extra: &[&str]| ids(&ok(jobs(&config, &[&["list", "--json"], extra].concat())));
+    assert_eq!(list(&[]), ["a1", "a2", "g1", "g2"]);
+    assert_eq!(list(&["--tenant", "acme"]), ["a1", "a2"]);
+    assert_eq!(list(&["--tenant", "mallory"]), Vec::<String>::new());
+    assert_eq!(list(&["--label", "team=billing"]), ["a1"]);
+    assert_eq!(
+        list(&["--label", "team=billing", "--label", "tier=silver"]),
+        Vec::<String>::new()
+    );
+    assert_eq!(list(&["--paused"]), ["a2"]);
+    assert_eq!(list(&["--paused=false"]), ["a1", "g1", "g2"]);
+    assert_eq!(
+        list(&["--paused", "--tenant", "globex"]),
+        Vec::<String>::new()
+    );
+    let full: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(jobs(&config, &["list", "--json", "--tenant", "acme"]))).unwrap();
+    assert_eq!(
+        full[0]["tenant"], "acme",
+        "the owner's definition, not mallory's"
+    );
+    assert_eq!(full[0]["labels"]["tier"], "gold");
+    assert_eq!(full[1]["paused"], true);
+
+    // The table: a header, then one row per job, in id order.
+    let table = ok(jobs(&config, &["list", "--tenant", "globex"]));
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert_eq!(rows[0][..3], ["ID", "TENANT", "SCHEDULE"], "{table}");
+    assert_eq!(rows[1][..2], ["g1", "globex"], "{table}");
+    assert!(table.contains("exec sh"), "{table}");
+
+    let bad = failed(jobs(&config, &["list", "--label", "team"]));
+    assert!(
+        bad.contains("\"team\"") && bad.contains("KEY=VALUE"),
+        "{bad}"
+    );
+
+    // The next instants follow the job's bounds.
+    let next = ok(jobs(&config, &["next", "a1", "--count", "5"]));
+    assert_eq!(
+        instants(&next),
+        [
+            "2030-01-01T00:00:00Z",
+            "2030-01-01T01:00:00Z",
+            "2030-01-01T02:00:00Z"
+        ],
+        "{next}"
+    );
+    let out = jobs(
+        &config,
+        &[
+            "next",
+            "a2",
+            "--count",
+            "2",
+            "--from",
+            "2030-01-01T00:30:00Z",
+        ],
+    );
+    let note = text(&out.stderr);
+    assert_eq!(
+        instants(&ok(out)),
+        ["2030-01-01T01:00:00Z", "2030-01-01T02:00:00Z"]
+    );
+    assert!(note.contains("paused"), "{note}");
+    let err = failed(jobs(&config, &["next", "a1", "--count", "0"]));
+    assert!(err.contains("'0'") && err.contains("1..=1000"), "{err}");
+    let err = failed(jobs(&config, &["next", "nope"]));
+    assert!(err.contains("job \"nope\" not found"), "{err}");
+}
+
+/// Bounds, enum flags and a trailing command, checked before anything is written (dry runs
+/// need no broker).
+#[test]
+fn put_flags_are_checked_with_the_values_they_allow() {
+    let put = |args: &[&str]| {
+        tocsin()
+            .env_remove("TOCSIN_BOOTSTRAP")
+            .env_remove("TOCSIN_CONFIG")
+            .args(["--bootstrap", "127.0.0.1:1", "jobs", "put", "--id", "j"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let bounded = ok(put(&[
+        "--every",
+        "1m",
+        "--target",
+        "out",
+        "--start",
+        "2030-01-01T00:00:30Z",
+        "--end",
+        "2030-01-01T00:03:00Z",
+        "--dry-run",
+    ]));
+    assert_eq!(
+        instants(&bounded),
+        ["2030-01-01T00:01:00Z", "2030-01-01T00:02:00Z"],
+        "{bounded}"
+    );
+    // Each refusal names the value and the rule.
+    let end = [
+        "--start",
+        "2030-01-01T00:00:00Z",
+        "--end",
+        "2029-01-01T00:00:00Z",
+    ];
+    let refusals: [(&[&str], &[&str]); 4] = [
+        (&end, &["2029-01-01T00:00:00Z", "not after start"]),
+        (&["--start", "soon"], &["\"soon\"", "ISO 8601"]),
+        (
+            &["--misfire", "sometimes"],
+            &["'sometimes'", "fire_once", "fire_all"],
+        ),
+        (
+            &["--handler", "http", "--", "sh", "-c", "true"],
+            &["exec", "--handler is http"],
+        ),
+    ];
+    for (args, fragments) in refusals {
+        let base = ["--every", "1m", "--dry-run"];
+        let err = failed(put(&[&base[..], args].concat()));
+        for f in fragments {
+            assert!(err.contains(f), "{args:?}: {f} not in {err}");
+        }
+    }
+
+    // --help lists every enum flag's values.
+    let help = ok(put(&["--help"]));
+    for value in [
+        "fire_once",
+        "fire_all",
+        "buffer_one",
+        "shift",
+        "twice",
+        "kafka",
+        "http",
+        "exec",
+        "custom",
+    ] {
+        assert!(help.contains(value), "--help does not list {value}: {help}");
+    }
+}
+
+/// `tocsin completions SHELL` prints a script the shell takes; bash's completes subcommands.
+#[test]
+fn shell_completions() {
+    let script = |shell: &str| {
+        ok(tocsin()
+            .env_remove("TOCSIN_CONFIG")
+            .args(["completions", shell])
+            .output()
+            .unwrap())
+    };
+    let bash = script("bash");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tocsin.bash");
+    std::fs::write(&file, &bash).unwrap();
+    // What bash offers after `tocsin jobs ` and `tocsin jobs put --mis`.
+    let complete = |words: &str| {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+                 COMP_LINE=\"{words}\"; COMP_POINT=${{#COMP_LINE}}; _tocsin tocsin \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+                 printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+                file.display()
+            ))
+            .output()
+            .unwrap();
+        ok(out)
+    };
+    let subcommands = complete("tocsin jobs ''");
+    for sub in ["put", "get", "list", "next", "pause", "trigger"] {
+        assert!(
+            subcommands.lines().any(|l| l == sub),
+            "{sub} missing: {subcommands}"
+        );
+    }
+    let values = complete("tocsin jobs put --misfire ''");
+    assert_eq!(
+        values.split_whitespace().collect::<Vec<_>>(),
+        ["fire_once", "fire_all", "skip"],
+        "{values}"
+    );
+    assert!(script("zsh").starts_with("#compdef tocsin"));
+    assert!(script("fish").contains("complete -c tocsin"));
+    let err = failed(tocsin().args(["completions", "tcsh"]).output().unwrap());
+    assert!(err.contains("'tcsh'") && err.contains("bash"), "{err}");
+}

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::http;
-use crate::kafka::admin::{fleet_topics, Admin};
+use crate::kafka::admin::{fleet_topics, lane_topic, Admin};
 use crate::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
 use crate::node::{system_clock, NodeStatus};
 use crate::scheduler;
@@ -24,7 +24,16 @@ pub struct DevArgs {
     /// host:port of the HTTP endpoint (/metrics, /healthz, /readyz, /status); empty disables it.
     #[arg(long, env = "TOCSIN_HTTP_LISTEN")]
     pub http_listen: Option<String>,
+    /// Partitions of `jobs`, `timers` and `control` (every other topic gets 1): a few, so a
+    /// new broker creates them in a moment (1024 of each take it tens of seconds).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub partitions: u32,
 }
+
+/// The topic prefix of `tocsin dev` when none other than the default is configured: a trial
+/// never shares, or has to match the partition counts of, the topics of a fleet on the same
+/// brokers (nor its consumer groups: `tocsin-dev-scheduler` and the pool `dev`).
+pub const DEV_PREFIX: &str = "tocsin-dev.";
 
 pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     config.scheduler.data_dir = args.data_dir.join("scheduler");
@@ -32,6 +41,23 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     if let Some(listen) = &args.http_listen {
         config.scheduler.http_listen = listen.clone();
     }
+    // Off the default fleet's topics and groups, unless told otherwise.
+    let defaults = Config::default();
+    if config.topic_prefix == defaults.topic_prefix {
+        config.topic_prefix = DEV_PREFIX.into();
+    }
+    if config.scheduler.group_id == defaults.scheduler.group_id {
+        config.scheduler.group_id = "tocsin-dev-scheduler".into();
+    }
+    if config.worker.pool == defaults.worker.pool {
+        config.worker.pool = "dev".into();
+    }
+    let t = &mut config.topics;
+    t.job_partitions = args.partitions;
+    t.lane_partitions = 1;
+    t.runs_partitions = 1;
+    t.dead_partitions = 1;
+    t.rejected_partitions = 1;
     config.validate()?;
     // One process, one endpoint for both roles: the scheduler's address, else the worker's.
     let listen = [&config.scheduler.http_listen, &config.worker.http_listen]
@@ -50,14 +76,21 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
             .with_brokers(reach);
         http::start(&listen, endpoint, shutdown.clone()).await?;
     }
-    let admin = Admin::new(&config)?;
-    admin.ensure(&fleet_topics(&config)).await?;
-    if args.examples {
-        for job in examples(super::jobs::now_ms()) {
-            super::jobs::put(&config, &job).await?;
-            println!("put example job {}", job.id);
-        }
-    }
+    let examples = match args.examples {
+        true => examples(super::jobs::now_ms()),
+        false => Vec::new(),
+    };
+    // The examples' lanes with the other topics, in one request, rather than at their first
+    // fire: the worker then subscribes to them as it starts and takes the first runs at once.
+    let tenants: std::collections::BTreeSet<&str> =
+        examples.iter().map(|j| j.tenant.as_str()).collect();
+    let mut topics = fleet_topics(&config);
+    topics.extend(tenants.into_iter().map(|t| lane_topic(&config, t)));
+    Admin::new(&config)?.ensure(&topics).await?;
+    println!(
+        "topics {}* ready ({} partitions of jobs)",
+        config.topic_prefix, config.topics.job_partitions
+    );
     let signals = shutdown.clone();
     tokio::spawn(async move {
         super::scheduler::wait_for_signal().await;
@@ -74,10 +107,24 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     let mut opts = WorkerOptions::new("dev");
     opts.on_finished = Some(Arc::new(super::worker::print_finished));
     worker_ready.store(true, Ordering::Relaxed);
-    let work = worker::run(config, opts, system_clock(), shutdown.clone());
+    let work = tokio::spawn(worker::run(
+        config.clone(),
+        opts,
+        system_clock(),
+        shutdown.clone(),
+    ));
+    // While the scheduler joins its group and restores: it reads `jobs` from the start.
+    let put = super::jobs::put_all(&config, &examples).await;
+    match &put {
+        Ok(()) => examples
+            .iter()
+            .for_each(|job| println!("put example job {}", job.id)),
+        Err(_) => shutdown.cancel(),
+    }
     let (s, w) = tokio::join!(sched, work);
+    put?;
     s??;
-    w?;
+    w??;
     Ok(())
 }
 

@@ -26,8 +26,20 @@ use crate::model::validate::{validate, Limits};
 pub enum JobsCommand {
     /// Create or replace a job (from flags, or from a JSON or TOML file with --file).
     Put(PutArgs),
-    /// Print the latest definition of a job as JSON.
+    /// Print a job's definition as JSON (its latest record the scheduler would accept).
     Get { id: String },
+    /// List the jobs on `jobs` (every partition's latest definition per job), filtered.
+    List(ListArgs),
+    /// Print the next fire instants of a job (UTC, then the job's local time).
+    Next {
+        id: String,
+        /// How many instants.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=MAX_NEXT as i64))]
+        count: u32,
+        /// The instants after this one (ISO 8601) instead of after now.
+        #[arg(long)]
+        from: Option<String>,
+    },
     /// Delete a job (a tombstone on `jobs`): it never fires again.
     Delete {
         id: String,
@@ -71,9 +83,25 @@ pub enum JobsCommand {
 }
 
 #[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only the jobs of this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only the jobs with this label, KEY=VALUE (repeat the flag: every one must match).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// Only paused jobs; `--paused=false`: only those not paused.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub paused: Option<bool>,
+    /// A JSON array of the definitions, ordered by id.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct PutArgs {
     /// A JSON (.json) or TOML (.toml) file holding one job definition.
-    #[arg(long, conflicts_with_all = ["id", "cron", "every", "at"])]
+    #[arg(long, conflicts_with_all = ["id", "cron", "every", "at", "start", "end", "labels", "command"])]
     pub file: Option<PathBuf>,
     #[arg(long)]
     pub id: Option<String>,
@@ -94,33 +122,47 @@ pub struct PutArgs {
     /// One-shot instant (ISO 8601).
     #[arg(long)]
     pub at: Option<String>,
-    /// Handler: kafka, http, exec or custom.
-    #[arg(long, default_value = "kafka")]
-    pub handler: String,
+    /// No fire before this instant (ISO 8601).
+    #[arg(long)]
+    pub start: Option<String>,
+    /// No fire at or after this instant (ISO 8601).
+    #[arg(long)]
+    pub end: Option<String>,
+    /// What runs the job [default: kafka; exec with a trailing `-- PROGRAM ARGS…`].
+    #[arg(long, value_enum)]
+    pub handler: Option<HandlerKind>,
     /// Topic, URL, program or registered handler name.
-    #[arg(long, default_value = "")]
-    pub target: String,
+    #[arg(long, conflicts_with = "command")]
+    pub target: Option<String>,
     #[arg(long, default_value = "")]
     pub payload: String,
-    /// Arguments of an exec handler (repeat the flag).
-    #[arg(long = "arg")]
+    /// An argument of an exec handler (repeat the flag; `--arg -c` works).
+    #[arg(
+        long = "arg",
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        conflicts_with = "command"
+    )]
     pub args: Vec<String>,
+    /// A label, KEY=VALUE (repeat the flag); `jobs list --label` filters on them.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
     #[arg(long, default_value_t = 0)]
     pub jitter_ms: u64,
     #[arg(long)]
     pub max_fires: Option<u64>,
-    /// fire_once, fire_all or skip.
-    #[arg(long, default_value = "fire_once")]
-    pub misfire: String,
-    /// allow, skip or buffer_one.
-    #[arg(long, default_value = "allow")]
-    pub overlap: String,
-    /// shift or skip.
-    #[arg(long, default_value = "shift")]
-    pub dst_gap: String,
-    /// once or twice.
-    #[arg(long, default_value = "once")]
-    pub dst_repeat: String,
+    /// What to do with instants missed while no node fired the job.
+    #[arg(long, value_enum, default_value_t = MisfirePolicy::FireOnce)]
+    pub misfire: MisfirePolicy,
+    /// What to do when an instant falls due while the previous run is in flight.
+    #[arg(long, value_enum, default_value_t = OverlapPolicy::Allow)]
+    pub overlap: OverlapPolicy,
+    /// A local time inside a spring-forward gap.
+    #[arg(long, value_enum, default_value_t = DstGapPolicy::Shift)]
+    pub dst_gap: DstGapPolicy,
+    /// A local time that occurs twice when clocks fall back.
+    #[arg(long, value_enum, default_value_t = DstRepeatPolicy::Once)]
+    pub dst_repeat: DstRepeatPolicy,
     #[arg(long, default_value_t = 3)]
     pub max_attempts: u32,
     #[arg(long, default_value_t = 300_000)]
@@ -131,7 +173,14 @@ pub struct PutArgs {
     /// With --dry-run: the fires after this instant (ISO 8601) instead of after now.
     #[arg(long, requires = "dry_run")]
     pub from: Option<String>,
+    /// An exec job's program and its arguments, after `--`:
+    /// `jobs put --id j --every 1m -- sh -c 'echo hi'`.
+    #[arg(last = true, value_name = "PROGRAM ARGS")]
+    pub command: Vec<String>,
 }
+
+/// The most instants `jobs next` prints.
+const MAX_NEXT: u32 = 1000;
 
 pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
     let now = now_ms();
@@ -141,18 +190,8 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             let limits = Limits::from_config(config);
             let schedule = validate(&def, &limits, now)?;
             if args.dry_run {
-                let mut t = match &args.from {
-                    Some(from) => parse_instant(from)?,
-                    None => now,
-                } - 1;
-                for _ in 0..5 {
-                    let Some(next) = schedule.next_after(t) else {
-                        break;
-                    };
-                    let (utc, local) = schedule.describe_instant(next);
-                    println!("{utc} {local}");
-                    t = next;
-                }
+                let from = args.from.as_deref().map(parse_instant).transpose()?;
+                print_next(&schedule, from.unwrap_or(now), 5);
                 return Ok(());
             }
             if let Some(existing) = get(config, &def.id)? {
@@ -172,6 +211,18 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
         JobsCommand::Get { id } => {
             let def = get(config, id)?.ok_or_else(|| anyhow!("job {id:?} not found"))?;
             println!("{}", serde_json::to_string_pretty(&def)?);
+        }
+        JobsCommand::List(args) => super::jobs_list::run(config, args)?,
+        JobsCommand::Next { id, count, from } => {
+            let from = from.as_deref().map(parse_instant).transpose()?;
+            let def = owned(config, id, None)?;
+            let schedule = crate::model::schedule::Schedule::from_job(&def)?;
+            if def.paused {
+                eprintln!("note: job {id:?} is paused; it fires at these instants once resumed");
+            }
+            if print_next(&schedule, from.unwrap_or(now), *count) == 0 {
+                eprintln!("job {id:?} has no fire instant left");
+            }
         }
         JobsCommand::Delete { id, tenant } => {
             owned(config, id, tenant.as_deref())?;
@@ -225,6 +276,21 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints the first `count` instants of `schedule` at or after `from_ms`, one a line (UTC, then
+/// local); returns how many there were.
+fn print_next(schedule: &crate::model::schedule::Schedule, from_ms: i64, count: u32) -> u32 {
+    let mut t = from_ms - 1;
+    for printed in 0..count {
+        let Some(next) = schedule.next_after(t) else {
+            return printed;
+        };
+        let (utc, local) = schedule.describe_instant(next);
+        println!("{utc} {local}");
+        t = next;
+    }
+    count
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -234,13 +300,7 @@ pub fn now_ms() -> i64 {
 
 /// Writes a job definition to `jobs`, keyed by its id.
 pub async fn put(config: &Config, def: &JobDefinition) -> anyhow::Result<()> {
-    send(
-        config,
-        "jobs",
-        &def.id,
-        Some(codec::encode(def, &Framing::SingleObject)),
-    )
-    .await
+    put_all(config, std::slice::from_ref(def)).await
 }
 
 /// The job's definition, or an error when it has none on `jobs` (a request for a job that does
@@ -261,15 +321,38 @@ fn owned(config: &Config, id: &str, tenant: Option<&str>) -> anyhow::Result<JobD
 /// How long a CLI write may wait for the broker before it fails.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Writes job definitions to `jobs` through one producer, in order.
+pub async fn put_all(config: &Config, defs: &[JobDefinition]) -> anyhow::Result<()> {
+    let producer = cli_producer(config)?;
+    for def in defs {
+        let value = codec::encode(def, &Framing::SingleObject);
+        deliver(&producer, config, "jobs", &def.id, Some(value)).await?;
+    }
+    Ok(())
+}
+
+fn cli_producer(config: &Config) -> anyhow::Result<FutureProducer> {
+    Ok(crate::kafka::producer_config(config)
+        .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
+        .create()?)
+}
+
 async fn send(
     config: &Config,
     topic: &str,
     key: &str,
     value: Option<Vec<u8>>,
 ) -> anyhow::Result<()> {
-    let producer: FutureProducer = crate::kafka::producer_config(config)
-        .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
-        .create()?;
+    deliver(&cli_producer(config)?, config, topic, key, value).await
+}
+
+async fn deliver(
+    producer: &FutureProducer,
+    config: &Config,
+    topic: &str,
+    key: &str,
+    value: Option<Vec<u8>>,
+) -> anyhow::Result<()> {
     let topic = config.topic(topic);
     let mut record = FutureRecord::<str, [u8]>::to(&topic).key(key);
     if let Some(v) = &value {
@@ -282,16 +365,24 @@ async fn send(
     Ok(())
 }
 
-/// The latest definition of a job, read from the one partition its id maps to.
+/// The definition of a job as the scheduler holds it: its records, read from the one partition
+/// its id maps to, folded as the scheduler's ingest folds them (a rejected record, garbage or
+/// another tenant's, leaves the job as it was; see `jobs_list::apply`).
 pub fn get(config: &Config, id: &str) -> anyhow::Result<Option<JobDefinition>> {
-    match key_records(config, "jobs", id)?.pop().flatten() {
-        None => Ok(None),
-        Some(bytes) => {
-            Ok(Some(codec::decode(&bytes).with_context(|| {
-                format!("the latest record of job {id:?}")
-            })?))
-        }
+    let limits = Limits::from_config(config);
+    let mut jobs = std::collections::BTreeMap::new();
+    for (value, timestamp_ms) in key_messages(config, "jobs", id)? {
+        super::jobs_list::apply(
+            &mut jobs,
+            &limits,
+            super::jobs_list::JobRecord {
+                key: id.as_bytes(),
+                value: value.as_deref(),
+                timestamp_ms,
+            },
+        );
     }
+    Ok(jobs.remove(id))
 }
 
 /// Every value (`None` for a tombstone) of `key` on `topic` of the config, in order: its
@@ -302,16 +393,22 @@ pub fn key_records(
     topic: &str,
     key: &str,
 ) -> anyhow::Result<Vec<Option<Vec<u8>>>> {
+    Ok(key_messages(config, topic, key)?
+        .into_iter()
+        .map(|(value, _)| value)
+        .collect())
+}
+
+/// [`key_records`] with each record's timestamp (epoch ms).
+fn key_messages(
+    config: &Config,
+    topic: &str,
+    key: &str,
+) -> anyhow::Result<Vec<(Option<Vec<u8>>, i64)>> {
     let topic = config.topic(topic);
     let consumer: BaseConsumer =
         crate::kafka::consumer_config(config, "tocsin-cli-get").create()?;
-    let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
-    let partitions = md
-        .topics()
-        .first()
-        .map(|t| t.partitions().len() as u32)
-        .filter(|n| *n > 0)
-        .ok_or_else(|| anyhow!("topic {topic} does not exist; run `tocsin topics ensure`"))?;
+    let partitions = partitions(&consumer, &topic)?.len() as u32;
     let p = partition_for(key.as_bytes(), partitions) as i32;
     // A partition just created may have no leader for a moment (a new 1024-partition topic
     // takes seconds): retry that, within the command's time bound.
@@ -360,13 +457,28 @@ pub fn key_records(
         };
         let m = m?;
         if m.key() == Some(key.as_bytes()) {
-            found.push(m.payload().map(<[u8]>::to_vec));
+            let timestamp = m.timestamp().to_millis().unwrap_or(i64::MAX);
+            found.push((m.payload().map(<[u8]>::to_vec), timestamp));
         }
         if m.offset() + 1 >= high {
             break;
         }
     }
     Ok(found)
+}
+
+/// The partition ids of `topic`, or an error saying how to create it when it does not exist.
+pub fn partitions(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<Vec<i32>> {
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        bail!("topic {topic} does not exist; run `tocsin topics ensure`");
+    }
+    Ok(partitions)
 }
 
 pub fn parse_instant(s: &str) -> anyhow::Result<i64> {
@@ -395,15 +507,6 @@ pub fn parse_duration_ms(s: &str) -> anyhow::Result<u64> {
     };
     n.checked_mul(factor)
         .ok_or_else(|| anyhow!("invalid duration {s:?}: over the limit of {} ms", u64::MAX))
-}
-
-fn parse_enum<T: serde::de::DeserializeOwned>(
-    flag: &str,
-    value: &str,
-    allowed: &str,
-) -> anyhow::Result<T> {
-    serde_json::from_value(serde_json::Value::String(value.to_owned()))
-        .map_err(|_| anyhow!("invalid --{flag} {value:?}: expected one of {allowed}"))
 }
 
 /// Why a `kafka` job's runs would go to `dead` as things stand, as the scheduler looks its
@@ -466,37 +569,79 @@ fn definition_from_args(a: &PutArgs) -> anyhow::Result<JobDefinition> {
         },
         _ => bail!("give exactly one of --cron, --every or --at"),
     };
-    let kind: HandlerKind = parse_enum("handler", &a.handler, "kafka, http, exec, custom")?;
+    let (kind, target, args) = handler_from_args(a)?;
     Ok(JobDefinition {
         id,
         tenant: a.tenant.clone(),
         schedule,
-        start_ms: None,
-        end_ms: None,
+        start_ms: a.start.as_deref().map(parse_instant).transpose()?,
+        end_ms: a.end.as_deref().map(parse_instant).transpose()?,
         max_fires: a.max_fires,
         jitter_ms: a.jitter_ms,
-        dst_gap: parse_enum::<DstGapPolicy>("dst-gap", &a.dst_gap, "shift, skip")?,
-        dst_repeat: parse_enum::<DstRepeatPolicy>("dst-repeat", &a.dst_repeat, "once, twice")?,
-        misfire: parse_enum::<MisfirePolicy>("misfire", &a.misfire, "fire_once, fire_all, skip")?,
+        dst_gap: a.dst_gap,
+        dst_repeat: a.dst_repeat,
+        misfire: a.misfire,
         catch_up_window_ms: crate::model::job::default_catch_up_window_ms(),
-        overlap: parse_enum::<OverlapPolicy>("overlap", &a.overlap, "allow, skip, buffer_one")?,
+        overlap: a.overlap,
         paused: false,
         handler: HandlerSpec {
             kind,
-            target: a.target.clone(),
+            target,
             payload: a.payload.clone().into_bytes(),
             headers: Default::default(),
             method: None,
-            args: a.args.clone(),
+            args,
         },
         timeout_ms: a.timeout_ms,
         retry: RetryPolicy {
             max_attempts: a.max_attempts,
             ..RetryPolicy::default()
         },
-        labels: Default::default(),
+        labels: parse_labels(&a.labels)?,
         revision: 0,
     })
+}
+
+/// The handler's kind, target and arguments: from `--handler`, `--target` and `--arg`, or from
+/// a trailing `-- PROGRAM ARGS…`, which makes an exec job.
+fn handler_from_args(a: &PutArgs) -> anyhow::Result<(HandlerKind, String, Vec<String>)> {
+    let Some((program, args)) = a.command.split_first() else {
+        let kind = a.handler.unwrap_or(HandlerKind::Kafka);
+        return Ok((kind, a.target.clone().unwrap_or_default(), a.args.clone()));
+    };
+    match a.handler {
+        None | Some(HandlerKind::Exec) => Ok((HandlerKind::Exec, program.clone(), args.to_vec())),
+        Some(other) => bail!(
+            "a trailing `-- {program} …` is the program of an exec job, but --handler is {}; \
+             give the {} handler's target with --target",
+            handler_name(other),
+            handler_name(other)
+        ),
+    }
+}
+
+fn handler_name(kind: HandlerKind) -> String {
+    use clap::ValueEnum;
+    kind.to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+/// `KEY=VALUE` flags as a map; an empty key, a missing `=` or a key given twice is an error
+/// naming the flag's value.
+pub fn parse_labels(
+    flags: &[String],
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut labels = std::collections::BTreeMap::new();
+    for flag in flags {
+        let Some((k, v)) = flag.split_once('=').filter(|(k, _)| !k.is_empty()) else {
+            bail!("invalid --label {flag:?}: expected KEY=VALUE with a non-empty KEY");
+        };
+        if labels.insert(k.to_owned(), v.to_owned()).is_some() {
+            bail!("invalid --label {flag:?}: label {k:?} is given twice");
+        }
+    }
+    Ok(labels)
 }
 
 #[cfg(test)]

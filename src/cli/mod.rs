@@ -3,6 +3,7 @@
 
 mod dev;
 pub mod jobs;
+mod jobs_list;
 mod runs;
 mod scheduler;
 mod topics;
@@ -11,7 +12,7 @@ mod worker;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::Config;
 
@@ -68,6 +69,13 @@ pub enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Print a shell completion script: `source <(tocsin completions bash)`, or save it where
+    /// the shell loads completions from (zsh: a directory on `$fpath`, as `_tocsin`; fish:
+    /// `~/.config/fish/completions/tocsin.fish`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,6 +104,13 @@ impl Cli {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
+        Command::Completions { shell } => {
+            // Written whole, so a closed pipe is an error to report, not a panic inside clap.
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "tocsin", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)
+                .context("could not write the completion script")
+        }
         Command::Config {
             command: ConfigCommand::Check { file },
         } => {

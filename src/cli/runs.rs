@@ -124,15 +124,7 @@ fn tail(config: &Config, a: &TailArgs) -> anyhow::Result<()> {
     let topic = config.topic("runs");
     let consumer: BaseConsumer =
         crate::kafka::consumer_config(config, "tocsin-cli-runs-tail").create()?;
-    let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .first()
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    if partitions.is_empty() {
-        bail!("topic {topic} does not exist; run `tocsin topics ensure`");
-    }
+    let partitions = super::jobs::partitions(&consumer, &topic)?;
     // Where each partition ends now: the start without --since (or past its last record),
     // and where --no-follow stops.
     let mut ends = std::collections::HashMap::new();

@@ -62,7 +62,7 @@ pub enum Ensured {
     Existed,
 }
 
-/// The fleet's topics that are not per tenant (README, Architecture).
+/// The fleet's topics that are not per tenant (docs/architecture.md, "Topics").
 pub fn fleet_topics(config: &Config) -> Vec<TopicSpec> {
     let t = &config.topics;
     let spec = |name: &str, partitions, cleanup| TopicSpec {
@@ -352,7 +352,7 @@ mod tests {
     }
 
     #[test]
-    fn fleet_topics_follow_the_design() {
+    fn fleet_topics_follow_the_architecture() {
         let specs = fleet_topics(&Config::default());
         let jobs = specs.iter().find(|s| s.name == "tocsin.jobs").unwrap();
         assert_eq!((jobs.partitions, jobs.cleanup), (1024, Cleanup::Compact));

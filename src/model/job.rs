@@ -124,8 +124,9 @@ pub enum ScheduleSpec {
 }
 
 /// A local time that falls inside a spring-forward gap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum DstGapPolicy {
     /// Fire at the first instant after the gap.
     #[default]
@@ -135,8 +136,9 @@ pub enum DstGapPolicy {
 }
 
 /// A local time that occurs twice when clocks fall back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum DstRepeatPolicy {
     /// Fire at the first occurrence only.
     #[default]
@@ -146,8 +148,9 @@ pub enum DstRepeatPolicy {
 }
 
 /// What to do with instants missed while no node fired the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum MisfirePolicy {
     /// One catch-up run for all missed instants (the latest one).
     #[default]
@@ -159,20 +162,28 @@ pub enum MisfirePolicy {
 }
 
 /// What to do when an instant falls due while the previous run is still in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum OverlapPolicy {
+    /// Fire anyway: runs of the job may overlap.
     #[default]
     Allow,
+    /// Do not fire that instant.
     Skip,
+    /// Hold one run back until the running one ends; further instants meanwhile are skipped.
     BufferOne,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum HandlerKind {
+    /// Write the payload into the topic named by `target`.
     Kafka,
+    /// Call the URL named by `target`.
     Http,
+    /// Run the program named by `target` with `args`, the payload on its stdin.
     Exec,
     /// Executed by a handler that an embedding program registers under `target`.
     Custom,

@@ -12,12 +12,12 @@ pub mod offsets;
 pub mod policy;
 pub mod rebalance;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -122,19 +122,33 @@ pub async fn run(
     }
     let consumer: StreamConsumer<LaneContext> =
         cc.create_with_context(LaneContext::new(opts.revoke_wait))?;
-    let topics: Vec<String> = if config.worker.lanes.iter().any(|l| l == "*") {
-        vec![format!("^{}lane\\..*", regex_escape(&config.topic_prefix))]
-    } else {
-        config
+    // Every lane (`*`): the worker finds the lanes in the broker's metadata itself and
+    // subscribes to them by name, looking again every `LANE_DISCOVERY`. (A regex subscription
+    // is resolved by the broker under KIP-848, which looks for new topics at most every 10 s:
+    // a new tenant's first runs would wait that long.) Named lanes are subscribed as they are.
+    let lane_prefix = config.topic("lane.");
+    let discovery = match config.worker.lanes.iter().any(|l| l == "*") {
+        true => Some(Arc::new(
+            crate::kafka::base_config(&config)
+                .set(
+                    "client.id",
+                    format!("tocsin-worker-{}-lanes", opts.worker_id),
+                )
+                .create::<BaseConsumer>()?,
+        )),
+        false => None,
+    };
+    let mut subscribed: BTreeSet<String> = match &discovery {
+        Some(meta) => lanes_in(meta.clone(), lane_prefix.clone()).await?,
+        None => config
             .worker
             .lanes
             .iter()
             .map(|t| config.lane_topic(t))
-            .collect()
+            .collect(),
     };
-    let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&refs)?;
-    info!(pool = %config.worker.pool, lanes = ?topics, worker = %opts.worker_id, "worker started");
+    subscribe(&consumer, &subscribed)?;
+    info!(pool = %config.worker.pool, lanes = ?subscribed, worker = %opts.worker_id, "worker started");
 
     let mut opts = opts;
     let handlers = Handlers::new(
@@ -161,10 +175,30 @@ pub async fn run(
         shared.config.worker.ledger_prune_interval_ms,
     ));
     let mut pruning: Option<tokio::task::JoinHandle<()>> = None;
+    let mut discovery_tick = tokio::time::interval(LANE_DISCOVERY);
+    // A look that overran its tick is not made up for: the next one starts a tick later.
+    discovery_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = discovery_tick.tick(), if discovery.is_some() => {
+                let meta = discovery.clone().expect("discovery is on");
+                match lanes_in(meta, lane_prefix.clone()).await {
+                    // Only ever more lanes: a lane deleted stays subscribed (a subscription to
+                    // a topic that is gone is harmless, and it may come back).
+                    Ok(found) if !found.is_subset(&subscribed) => {
+                        subscribed.extend(found);
+                        if let Err(e) = subscribe(&consumer, &subscribed) {
+                            warn!(error = %e, "could not subscribe to the new lanes");
+                        } else {
+                            info!(lanes = subscribed.len(), "new lanes found; subscribed");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "could not look for new lanes"),
+                }
+            }
             _ = commit_tick.tick() => {
                 commit(&consumer, &shared);
                 while tasks.try_join_next().is_some() {}
@@ -270,16 +304,39 @@ fn fired_by(m: &impl Message) -> Option<String> {
     Some(String::from_utf8_lossy(h.value?).into_owned())
 }
 
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                vec![c]
-            } else {
-                vec!['\\', c]
-            }
-        })
-        .collect()
+/// How often a worker of every lane looks for new lanes in the broker's metadata.
+const LANE_DISCOVERY: Duration = Duration::from_secs(1);
+
+/// The topics named `<prefix>lane.…` in the broker's metadata (asked off the runtime's threads:
+/// the call blocks for up to its timeout).
+async fn lanes_in(
+    meta: Arc<BaseConsumer>,
+    lane_prefix: String,
+) -> Result<BTreeSet<String>, WorkerError> {
+    let md =
+        tokio::task::spawn_blocking(move || meta.fetch_metadata(None, Duration::from_secs(10)))
+            .await
+            .expect("the metadata request does not panic")?;
+    Ok(md
+        .topics()
+        .iter()
+        .map(|t| t.name())
+        .filter(|n| n.starts_with(&lane_prefix))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Subscribes to `lanes` (with none yet, nothing: an empty subscription is refused).
+fn subscribe(
+    consumer: &StreamConsumer<LaneContext>,
+    lanes: &BTreeSet<String>,
+) -> Result<(), WorkerError> {
+    if lanes.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = lanes.iter().map(String::as_str).collect();
+    consumer.subscribe(&names)?;
+    Ok(())
 }
 
 fn commit(consumer: &StreamConsumer<LaneContext>, shared: &Shared) {
