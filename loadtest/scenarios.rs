@@ -40,8 +40,6 @@ struct Ctx<'a> {
     events: Vec<Event>,
     /// Delay: the target topic, outside the prefix (deleted with the run's topics).
     target: Option<String>,
-    /// ProducerPerformance over the baseline's records (herd, baseline), when it ran.
-    physical: Option<crate::perf::Limit>,
 }
 
 pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
@@ -184,7 +182,6 @@ impl<'a> Ctx<'a> {
             notes: Vec::new(),
             events: Vec::new(),
             target: None,
-            physical: None,
         })
     }
 
@@ -302,7 +299,7 @@ impl<'a> Ctx<'a> {
         fires: u64,
         jobs: u64,
         make: &dyn Fn(u64) -> JobDefinition,
-    ) -> Result<Option<f64>> {
+    ) -> Result<Option<crate::baseline::Baseline>> {
         let n = self.args.baseline_fires.unwrap_or(fires.min(300_000));
         if n == 0 {
             return Ok(None);
@@ -314,14 +311,11 @@ impl<'a> Ctx<'a> {
             per_s = b.per_s,
             "baseline done"
         );
-        if matches!(self.args.scenario, Scenario::Herd) {
-            self.physical(n, b.record_bytes)?;
-        }
-        Ok(Some(b.per_s))
+        Ok(Some(b))
     }
 
     /// Kafka's own ProducerPerformance over `fires` fires' records of `record_bytes` each.
-    fn physical(&mut self, fires: u64, record_bytes: usize) -> Result<()> {
+    fn physical(&self, fires: u64, record_bytes: usize) -> Result<crate::perf::Limit> {
         let limit = crate::perf::run(&self.rt, &self.config, fires, record_bytes)?;
         tracing::info!(
             records_per_s = limit.records_per_s,
@@ -329,8 +323,7 @@ impl<'a> Ctx<'a> {
             record_bytes,
             "ProducerPerformance done"
         );
-        self.physical = Some(limit);
-        Ok(())
+        Ok(limit)
     }
 }
 
@@ -633,7 +626,7 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let baseline = if failover {
         None
     } else {
-        ctx.baseline(rate * duration, jobs, &make)?
+        ctx.baseline(rate * duration, jobs, &make)?.map(|b| b.per_s)
     };
     let audit = Audit::start(&ctx.config, &ctx.lanes())?;
     let mut nodes = ctx.start_nodes(n_nodes)?;
@@ -762,6 +755,11 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         };
         ctx.baseline(jobs, jobs, &probe)?
     };
+    let physical = match &baseline {
+        Some(b) => Some(ctx.physical(b.fires, b.record_bytes)?),
+        None => None,
+    };
+    let baseline = baseline.map(|b| b.per_s);
     let audit = Audit::start(&ctx.config, &ctx.lanes())?;
     let mut nodes = ctx.start_nodes(n_nodes)?;
     // Far enough ahead that every definition is indexed before the herd falls due.
@@ -802,7 +800,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     drains(&mut r, &v, at, &ctx.tenants);
     r.baseline_per_s = baseline;
     r.ratio_to_baseline = r.fires_per_s.zip(baseline).map(|(f, b)| f / b);
-    r.physical_limit_per_s = ctx.physical.map(|l| l.fires_per_s);
+    r.physical_limit_per_s = physical.map(|l| l.fires_per_s);
     r.ratio_to_physical = r
         .fires_per_s
         .zip(r.physical_limit_per_s)
@@ -1224,7 +1222,7 @@ fn baseline_only(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         )
     };
     let b = crate::baseline::run(&ctx.rt, &ctx.config, fires, jobs, &make)?;
-    ctx.physical(fires, b.record_bytes)?;
+    let physical = ctx.physical(fires, b.record_bytes)?;
     let lane = ctx.config.topic("baseline.lane");
     let audit = Audit::start(&ctx.config, &[(lane, None)])?;
     let started = Instant::now();
@@ -1257,7 +1255,7 @@ fn baseline_only(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     r.fires_per_s = Some(b.per_s);
     r.baseline_per_s = Some(b.per_s);
     r.ratio_to_baseline = Some(1.0);
-    r.physical_limit_per_s = ctx.physical.map(|l| l.fires_per_s);
-    r.ratio_to_physical = r.physical_limit_per_s.map(|l| b.per_s / l);
+    r.physical_limit_per_s = Some(physical.fires_per_s);
+    r.ratio_to_physical = Some(b.per_s / physical.fires_per_s);
     Ok((r, None))
 }

@@ -53,7 +53,7 @@ pub fn headers(run: &Run) -> OwnedHeaders {
 /// leader election is not one of these; the transaction is retried. The refusals of any record
 /// (`refuses_code`), and those of a topic that is not there or takes no writes.
 pub fn refuses_target(code: RDKafkaErrorCode) -> bool {
-    super::engine::refuses_code(code)
+    super::producer::refuses_code(code)
         || matches!(
             code,
             RDKafkaErrorCode::UnknownTopicOrPartition

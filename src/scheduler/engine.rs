@@ -25,7 +25,7 @@ use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::lane::{self, h};
 use super::lifecycle::{Action, Event, Lifecycle};
-use super::producer::{fence_owner, Refusals, TxnProducer, TXN_TIMEOUT};
+use super::producer::{fence_owner, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::SchedulerError;
@@ -515,12 +515,12 @@ impl Engine {
                 .key(&key)
                 .payload(token.as_bytes());
             if let Err((e, _)) = self.producer.send(record) {
-                self.abort();
+                self.producer.abort();
                 return Err(e.into());
             }
         }
         if let Err(e) = self.commit(&offsets) {
-            self.abort();
+            self.producer.abort();
             return Err(e);
         }
         let at_ms = self.mono_ms();
@@ -561,11 +561,6 @@ impl Engine {
     /// `now` may be a test's clock).
     fn mono_ms(&self) -> i64 {
         self.started.elapsed().as_millis() as i64
-    }
-
-    /// Aborts the open transaction; returns what the broker refused in it.
-    fn abort(&mut self) -> Refusals {
-        self.producer.abort()
     }
 
     /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
@@ -894,7 +889,7 @@ impl Engine {
                 let Refusals {
                     records: refused,
                     targets,
-                } = self.abort();
+                } = self.producer.abort();
                 // Every target is looked up again: one deleted since it was cached would hold
                 // its records until they time out, and fail every retry the same way.
                 self.targets.clear();
@@ -1135,7 +1130,14 @@ impl Engine {
             self.produce_run(&state, d, p, now)?;
         }
         for s in &fired.skipped {
-            let event = run_event(&state, *s, 1, RunEventKind::Skipped, now, &self.node_id);
+            let event = lane::event(
+                &state.definition,
+                *s,
+                1,
+                RunEventKind::Skipped,
+                now,
+                &self.node_id,
+            );
             self.produce_event(&event, &Known::default())?;
         }
         if fired.missed > 0 {
@@ -1418,8 +1420,8 @@ impl Engine {
             .payload(&bytes)
             .headers(lane::headers(&run, &fired));
         self.producer.send(record).map_err(|(e, _)| e)?;
-        let event = run_event(
-            state,
+        let event = lane::event(
+            &state.definition,
             d.scheduled_ms,
             d.attempt,
             RunEventKind::Fired,
@@ -1463,8 +1465,8 @@ impl Engine {
         } else {
             RunEventKind::Succeeded
         };
-        let mut event = run_event(
-            state,
+        let mut event = lane::event(
+            &state.definition,
             run.scheduled_ms,
             run.attempt,
             kind,
@@ -1578,35 +1580,6 @@ fn is_record_fault(e: &SchedulerError) -> bool {
         ),
         _ => false,
     }
-}
-
-/// A delivery the broker refused for what the record is (its size or its topic).
-pub(super) fn refuses_record(e: &KafkaError) -> bool {
-    matches!(e, KafkaError::MessageProduction(code) if refuses_code(*code))
-}
-
-pub(super) fn refuses_code(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::MessageSizeTooLarge
-            | RDKafkaErrorCode::InvalidMessageSize
-            | RDKafkaErrorCode::MessageBatchTooLarge
-            | RDKafkaErrorCode::InvalidRecord
-            | RDKafkaErrorCode::InvalidMessage
-            | RDKafkaErrorCode::InvalidTopic
-            | RDKafkaErrorCode::TopicAuthorizationFailed
-    )
-}
-
-fn run_event(
-    state: &TimerState,
-    scheduled_ms: i64,
-    attempt: u32,
-    kind: RunEventKind,
-    now: i64,
-    node: &str,
-) -> RunEvent {
-    lane::event(&state.definition, scheduled_ms, attempt, kind, now, node)
 }
 
 /// The progress sequence a `timers` record was written with (`SEQ_HEADER`; 0 without it).

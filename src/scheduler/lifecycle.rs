@@ -24,7 +24,7 @@ pub const FENCE_AFTER: Duration = Duration::from_secs(1);
 
 /// Where a partition stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Phase<M> {
+enum Phase<M> {
     Restoring {
         token: String,
         /// When our barrier committed, in ms (`None`: still to be written).
@@ -81,10 +81,6 @@ impl<M> Lifecycle<M> {
                 buffered: Vec::new(),
             },
         }
-    }
-
-    pub fn phase(&self) -> &Phase<M> {
-        &self.phase
     }
 
     pub fn is_active(&self) -> bool {

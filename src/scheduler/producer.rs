@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, TopicPartitionList};
@@ -110,7 +110,7 @@ impl ProducerContext for DeliveryContext {
                             ));
                         }
                     }
-                } else if super::engine::refuses_record(e) {
+                } else if refuses_record(e) {
                     if let Some(key) = m.key() {
                         let key = String::from_utf8_lossy(key).into_owned();
                         self.refused
@@ -124,6 +124,24 @@ impl ProducerContext for DeliveryContext {
             }
         }
     }
+}
+
+/// A delivery the broker refused for what the record is (its size or its topic).
+fn refuses_record(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::MessageProduction(code) if refuses_code(*code))
+}
+
+pub(super) fn refuses_code(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+    )
 }
 
 /// A node's transactional producer (see the module doc).
