@@ -9,9 +9,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tocsin::codec;
 use tocsin::config::Config;
 use tocsin::model::records::{run_id, Run};
@@ -35,6 +36,76 @@ pub struct Obs {
 /// Turns a record read at `seen_ms` into the run it holds, or `None` when it is malformed.
 pub type Check = Box<dyn Fn(&BorrowedMessage<'_>, i64) -> Option<Obs> + Send>;
 
+/// How often the audit consumer's librdkafka statistics (and so the lanes' last stable
+/// offsets) are sampled.
+const STATS_EVERY_MS: u64 = 250;
+
+/// One sample of the lanes' last stable offsets: a `read_committed` reader sees nothing of a
+/// partition past it, so one that stays behind the partition's high watermark is held by an
+/// open transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldSample {
+    pub at_ms: i64,
+    /// The longest any partition's last stable offset has stood still behind its high watermark.
+    pub longest_ms: i64,
+    /// Partitions held so for over a second.
+    pub held_over_1s: usize,
+}
+
+/// Per lane partition held, its last stable offset and since when it stands there.
+#[derive(Default)]
+struct Holds {
+    since: HashMap<(String, i32), (i64, i64)>,
+    samples: Vec<HoldSample>,
+}
+
+impl Holds {
+    fn sample(&mut self, at_ms: i64, partitions: impl Iterator<Item = ((String, i32), i64, i64)>) {
+        let mut seen = HashSet::new();
+        for (key, lso, high) in partitions {
+            if lso < 0 || high <= lso {
+                self.since.remove(&key);
+                continue;
+            }
+            seen.insert(key.clone());
+            match self.since.get_mut(&key) {
+                Some((at, _)) if *at == lso => {}
+                _ => {
+                    self.since.insert(key, (lso, at_ms));
+                }
+            }
+        }
+        self.since.retain(|k, _| seen.contains(k));
+        let ages = self.since.values().map(|(_, from)| at_ms - from);
+        let (longest_ms, held_over_1s) =
+            ages.fold((0, 0), |(l, n), a| (l.max(a), n + usize::from(a > 1_000)));
+        self.samples.push(HoldSample {
+            at_ms,
+            longest_ms,
+            held_over_1s,
+        });
+    }
+}
+
+/// The audit consumer's context: takes the lanes' last stable offsets out of its statistics.
+struct AuditContext {
+    holds: Arc<Mutex<Holds>>,
+}
+
+impl ClientContext for AuditContext {
+    fn stats(&self, stats: Statistics) {
+        let parts = stats.topics.into_iter().flat_map(|(topic, t)| {
+            t.partitions
+                .into_iter()
+                .filter(|(p, _)| *p >= 0)
+                .map(move |(p, part)| ((topic.clone(), p), part.ls_offset, part.hi_offset))
+        });
+        self.holds.lock().unwrap().sample(now_ms(), parts);
+    }
+}
+
+impl ConsumerContext for AuditContext {}
+
 #[derive(Default)]
 struct Shared {
     stop: AtomicBool,
@@ -46,6 +117,7 @@ struct Shared {
 
 pub struct Audit {
     shared: Arc<Shared>,
+    holds: Arc<Mutex<Holds>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -74,8 +146,13 @@ impl Audit {
         cc.set("client.id", client_id);
         // Low fetch wait: the lag we measure must be the scheduler's, not ours.
         cc.set("fetch.wait.max.ms", "10");
-        let consumer: BaseConsumer = cc
-            .create()
+        cc.set("statistics.interval.ms", STATS_EVERY_MS.to_string());
+        let holds = Arc::new(Mutex::new(Holds::default()));
+        let context = AuditContext {
+            holds: holds.clone(),
+        };
+        let consumer: BaseConsumer<AuditContext> = cc
+            .create_with_context(context)
             .with_context(|| format!("could not create the consumer {client_id}"))?;
         let mut tpl = TopicPartitionList::new();
         for (topic, partitions) in topics {
@@ -93,8 +170,14 @@ impl Audit {
             .spawn(move || read(consumer, check, s))?;
         Ok(Audit {
             shared,
+            holds,
             thread: Some(thread),
         })
+    }
+
+    /// The lanes' last-stable-offset samples so far (one per `STATS_EVERY_MS`).
+    pub fn holds(&self) -> Vec<HoldSample> {
+        self.holds.lock().unwrap().samples.clone()
     }
 
     /// How many runs seen so far satisfy `f`.
@@ -157,7 +240,7 @@ impl Drop for Audit {
     }
 }
 
-fn read(consumer: BaseConsumer, check: Check, shared: Arc<Shared>) {
+fn read(consumer: BaseConsumer<AuditContext>, check: Check, shared: Arc<Shared>) {
     let mut batch = Vec::with_capacity(4096);
     while !shared.stop.load(Ordering::Relaxed) {
         match consumer.poll(Duration::from_millis(20)) {
@@ -282,6 +365,33 @@ pub fn verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_last_stable_offset_standing_behind_the_high_watermark_is_a_hold() {
+        let mut h = Holds::default();
+        let key = |p: i32| ("lane".to_string(), p);
+        // p0 held at 10 from t=1000, p1 caught up, p2 moving.
+        h.sample(
+            1_000,
+            [(key(0), 10, 15), (key(1), 20, 20), (key(2), 5, 9)].into_iter(),
+        );
+        h.sample(
+            2_500,
+            [(key(0), 10, 16), (key(1), 20, 20), (key(2), 7, 9)].into_iter(),
+        );
+        assert_eq!(
+            h.samples[1],
+            HoldSample {
+                at_ms: 2_500,
+                longest_ms: 1_500,
+                held_over_1s: 1
+            }
+        );
+        // p0's transaction ended: its last stable offset caught up.
+        h.sample(3_000, [(key(0), 16, 16), (key(2), 7, 9)].into_iter());
+        assert_eq!(h.samples[2].longest_ms, 500);
+        assert_eq!(h.samples[2].held_over_1s, 0);
+    }
 
     fn o(job: u32, scheduled_ms: i64, seen_ms: i64) -> Obs {
         Obs {

@@ -137,6 +137,11 @@ pub fn run(
                     .payload(&f.event[..]),
             )?;
         }
+        // As the scheduler's producer does: rust-rdkafka's own flush in `commit_transaction`
+        // polls in whole 100 ms slices while anything is in flight.
+        while producer.in_flight_count() > 0 {
+            producer.poll(Duration::from_millis(1));
+        }
         producer
             .commit_transaction(timeout)
             .context("baseline transaction did not commit")?;

@@ -175,6 +175,12 @@ pub struct Args {
     pub kill_at_s: Option<f64>,
     #[arg(long, value_enum, default_value_t = KillMode::Kill)]
     pub kill_mode: KillMode,
+    /// The scheduler group's own session timeout (the KIP-848 group setting
+    /// `consumer.session.timeout.ms`, with `consumer.heartbeat.interval.ms` a sixth of it), set
+    /// with Kafka's `ConfigCommand` before the nodes join [default: the broker's
+    /// `group.consumer.session.timeout.ms`].
+    #[arg(long)]
+    pub session_timeout_ms: Option<u64>,
     /// Failover with `--kill-mode stop`: seconds the node stays stopped.
     #[arg(long, default_value_t = 15)]
     pub stop_for_s: u64,

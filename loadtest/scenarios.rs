@@ -16,7 +16,7 @@ use tocsin::config::{Config, KafkaDelivery, Serialization};
 use tocsin::kafka::admin::{fleet_topics, lane_topic, Admin};
 use tocsin::model::job::{HandlerKind, JobDefinition, ScheduleSpec};
 
-use crate::audit::{verdict, Audit, Obs, Verdict};
+use crate::audit::{verdict, Audit, HoldSample, Obs, Verdict};
 use crate::chart::{Chart, Series};
 use crate::fleet::{wait_all_active, Node};
 use crate::load::{job, put_jobs, wait_indexed};
@@ -62,8 +62,12 @@ pub fn run(args: &Args) -> Result<(Report, Option<Chart>)> {
     // after a few runs), unless asked to keep them.
     if !args.keep {
         let prefix = &ctx.config.topic_prefix;
-        let deleted = Admin::new(&ctx.config)
-            .and_then(|admin| ctx.rt.block_on(admin.delete_prefixed(prefix)));
+        let deleted = Admin::new(&ctx.config).and_then(|admin| {
+            // The run's own scheduler group, with its settings.
+            let group = ctx.config.scheduler.group_id.as_str();
+            let _ = ctx.rt.block_on(admin.delete_groups(&[group]));
+            ctx.rt.block_on(admin.delete_prefixed(prefix))
+        });
         match deleted {
             Ok(d) => tracing::info!(prefix = %prefix, topics = d.len(), "run's topics deleted"),
             Err(e) => {
@@ -116,6 +120,8 @@ impl<'a> Ctx<'a> {
         config.topics.dead_partitions = 1;
         config.topics.rejected_partitions = 1;
         config.topics.replication_factor = 1;
+        // A group of its own, so its settings (`--session-timeout-ms`) touch no other fleet.
+        config.scheduler.group_id = format!("{}scheduler", config.topic_prefix);
         config.scheduler.tick_ms = args.tick_ms;
         config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
@@ -132,6 +138,19 @@ impl<'a> Ctx<'a> {
         // Only `delay` and `history` start a worker; its consumer group is the run's own.
         config.worker.data_dir = dir.join("worker-data");
         config.worker.pool = config.topic_prefix.trim_end_matches('.').to_owned();
+        // A diagnostic: TOCSIN_LOADTEST_KAFKA (`key=value,key=value`) adds librdkafka settings
+        // to the nodes' `[kafka]` table, e.g. `debug=eos` with TOCSIN_LOADTEST_NODE_LOG naming
+        // `librdkafka=debug`.
+        if let Ok(extra) = std::env::var("TOCSIN_LOADTEST_KAFKA") {
+            for kv in extra.split(',').filter(|kv| !kv.is_empty()) {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("TOCSIN_LOADTEST_KAFKA: {kv:?} is not key=value"))?;
+                config
+                    .kafka
+                    .insert(k.trim().to_owned(), v.trim().to_owned());
+            }
+        }
         config.validate()?;
         let cfg_path = dir.join("tocsin.toml");
         std::fs::write(&cfg_path, toml::to_string(&config)?)?;
@@ -165,9 +184,15 @@ impl<'a> Ctx<'a> {
         topics.extend(tenants.iter().map(|t| lane_topic(&config, t)));
         rt.block_on(admin.ensure(&topics))
             .context("could not create the topics")?;
-        let session_timeout_ms = rt
-            .block_on(broker_setting(&config, "group.consumer.session.timeout.ms"))
-            .and_then(|v| v.parse().ok());
+        let session_timeout_ms = match args.session_timeout_ms {
+            Some(ms) => {
+                set_group_session_timeout(&config, ms)?;
+                Some(ms as i64)
+            }
+            None => rt
+                .block_on(broker_setting(&config, "group.consumer.session.timeout.ms"))
+                .and_then(|v| v.parse().ok()),
+        };
         tracing::info!(prefix = %config.topic_prefix, dir = %dir.display(), "topics ready");
         Ok(Ctx {
             args,
@@ -354,6 +379,34 @@ pub fn kafka_script(command: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Sets the scheduler group's session timeout (and a heartbeat a sixth of it) with Kafka's own
+/// `ConfigCommand`, from the jars `scripts/kafka` fetched; the broker's
+/// `group.consumer.min.session.timeout.ms` bounds it.
+fn set_group_session_timeout(config: &Config, ms: u64) -> Result<()> {
+    let classpath = kafka_script("classpath")?;
+    let settings = format!(
+        "consumer.session.timeout.ms={ms},consumer.heartbeat.interval.ms={}",
+        (ms / 6).max(100)
+    );
+    let group = &config.scheduler.group_id;
+    let out = Command::new("java")
+        .args(["-cp", classpath.trim(), "kafka.admin.ConfigCommand"])
+        .args(["--bootstrap-server", &config.bootstrap, "--alter"])
+        .args(["--entity-type", "groups", "--entity-name", group])
+        .args(["--add-config", &settings])
+        .output()
+        .context("could not run Kafka's ConfigCommand (java)")?;
+    if !out.status.success() {
+        bail!(
+            "could not set {settings} on group {group}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    tracing::info!(group = %group, settings = %settings, "group session timeout set");
+    Ok(())
+}
+
 /// A setting of the (first) broker, for the report.
 async fn broker_setting(config: &Config, name: &str) -> Option<String> {
     let client: AdminClient<DefaultClientContext> =
@@ -394,6 +447,9 @@ fn sleep_until(at_ms: i64, nodes: &mut [Node], audit: &Audit) -> Result<()> {
 /// Waits until `earliest`, then until every run seen in the last second was at most
 /// `caught_up_ms` late (the nodes have fired what the ingest left due), for at most `limit`;
 /// returns when it stopped waiting.
+/// How long the nodes must stay caught up before the measured window starts.
+const SETTLE_HOLD: Duration = Duration::from_secs(5);
+
 fn settle(
     audit: &Audit,
     nodes: &mut [Node],
@@ -403,10 +459,20 @@ fn settle(
 ) -> Result<i64> {
     sleep_until(earliest, nodes, audit)?;
     let started = Instant::now();
+    // Caught up for SETTLE_HOLD without a break, not at one instant: right after jobs are
+    // indexed, their first fires (several instants each, so not plain, so every partition's
+    // timer states are written) make a sawtooth of long transactions whose troughs look
+    // caught up for a moment.
+    let mut since: Option<Instant> = None;
     loop {
         let worst = audit.recent_lag(1_000);
         if worst.is_some_and(|w| w <= caught_up_ms) {
-            break;
+            let held = since.get_or_insert_with(Instant::now);
+            if held.elapsed() >= SETTLE_HOLD {
+                break;
+            }
+        } else {
+            since = None;
         }
         if started.elapsed() > limit {
             tracing::warn!(worst_lag_ms = ?worst, "the nodes did not catch up before the window; measuring anyway");
@@ -646,6 +712,7 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let kill_at_s = a.kill_at_s.unwrap_or(duration as f64 / 3.0);
     let mut marks = Vec::new();
     let victim = 0usize;
+    let mut down_at = None;
     if failover {
         let kill_ms = from + (kill_at_s * 1000.0) as i64;
         sleep_until(kill_ms, &mut nodes, &audit)?;
@@ -660,6 +727,7 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
                 ("sigstop", now_ms())
             }
         };
+        down_at = Some(at);
         tracing::info!(node = %nodes[victim].id, partitions = held, what, "node down");
         ctx.events.push(Event {
             what: format!("{what} {} ({held} partitions)", nodes[victim].id),
@@ -702,8 +770,12 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     wait_visible(&audit, want, from, to, limit, quiet)?;
     let rss = peak_rss(&nodes);
     stop_all(&mut nodes)?;
+    let holds = audit.holds();
     let (obs, malformed) = audit.finish()?;
     let v = verdict(&obs, 0..jobs as u32, &expected, from, to);
+    if let Some(down) = down_at {
+        note_holds(ctx, &holds, down, from);
+    }
 
     let mut settings = ctx.settings(Some(rate), Some(period), Some(duration));
     settings.settle_s = Some((from - indexed_ms) as f64 / 1000.0);
@@ -731,8 +803,51 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     } else {
         format!("steady: lag per tenant, {rate} runs/s on {n_nodes} node(s)")
     };
-    let chart = lag_chart(title, &v, &ctx.tenants, from, marks);
+    let mut chart = lag_chart(title, &v, &ctx.tenants, from, marks);
+    if failover {
+        chart.series.push(Series {
+            name: "longest lane LSO hold, ms (at wall time)".into(),
+            points: (holds.iter())
+                .filter(|h| h.at_ms >= from && h.at_ms <= to)
+                .map(|h| ((h.at_ms - from) as f64 / 1000.0, h.longest_ms as f64))
+                .collect(),
+        });
+    }
     Ok((r, Some(chart)))
+}
+
+/// The lanes' last stable offsets after a node went down at `down_ms`: how long the longest
+/// hold lasted, and when it began and ended, as events (ms from `origin_ms`) and a note.
+fn note_holds(ctx: &mut Ctx<'_>, holds: &[HoldSample], down_ms: i64, origin_ms: i64) {
+    let after: Vec<&HoldSample> = holds.iter().filter(|h| h.at_ms >= down_ms).collect();
+    let Some(peak) = after.iter().max_by_key(|h| h.longest_ms) else {
+        ctx.notes
+            .push("no statistics of the lanes' last stable offsets after the kill".into());
+        return;
+    };
+    let began = peak.at_ms - peak.longest_ms;
+    let ended = (after.iter())
+        .find(|h| h.at_ms > peak.at_ms && h.longest_ms < peak.longest_ms)
+        .map(|h| h.at_ms);
+    ctx.events.push(Event {
+        what: format!(
+            "lanes held: a last stable offset stood {} ms (longest), {} partitions over 1 s",
+            peak.longest_ms, peak.held_over_1s
+        ),
+        at_ms: began - origin_ms,
+    });
+    if let Some(end) = ended {
+        ctx.events.push(Event {
+            what: "lanes free: the longest hold ended".into(),
+            at_ms: end - origin_ms,
+        });
+    }
+    ctx.notes.push(format!(
+        "lane LSO: longest hold after the node went down {} ms, from {} ms to {} ms after it",
+        peak.longest_ms,
+        began - down_ms,
+        ended.map_or("the end".to_string(), |e| (e - down_ms).to_string()),
+    ));
 }
 
 /// `herd`: every job due at the same instant.

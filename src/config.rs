@@ -173,6 +173,12 @@ pub struct SchedulerConfig {
     pub http_listen: String,
     /// Who writes a `kafka` job's payload into its target topic.
     pub kafka_delivery: KafkaDelivery,
+    /// The job API's tokens, one a line: `TOKEN` (every tenant) or `TOKEN TENANT`. Empty: none
+    /// (then mutations are served on a loopback address only); `TOCSIN_API_TOKEN` adds one.
+    pub api_tokens_file: Option<PathBuf>,
+    /// The base URL other nodes redirect API requests to (`http://host:port`); default: the
+    /// listen address, with the host name for an unspecified address (`0.0.0.0`).
+    pub http_advertise: Option<String>,
 }
 
 /// Who writes a `kafka` job's payload into its target topic.
@@ -202,6 +208,8 @@ impl Default for SchedulerConfig {
             static_membership: false,
             http_listen: String::new(),
             kafka_delivery: KafkaDelivery::default(),
+            api_tokens_file: None,
+            http_advertise: None,
         }
     }
 }
@@ -272,6 +280,9 @@ pub struct HttpTargetConfig {
     /// subdomains), addresses or CIDRs (`10.1.0.0/16`, `::1`). Loopback, private, link-local and
     /// other non-public addresses are refused unless listed here.
     pub allow_hosts: Vec<String>,
+    /// A PEM file of CA certificates that `https` targets may be signed by, besides the
+    /// platform's trust store (`/etc/ssl/certs`, from `ca-certificates`). Default: none.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for HttpTargetConfig {
@@ -279,6 +290,7 @@ impl Default for HttpTargetConfig {
         HttpTargetConfig {
             allow_public: true,
             allow_hosts: Vec::new(),
+            ca_file: None,
         }
     }
 }
@@ -469,7 +481,15 @@ impl Config {
 }
 
 /// The names of Tocsin's own topics, apart from the prefix.
-pub const OWN_TOPICS: [&str; 6] = ["jobs", "jobs.rejected", "timers", "control", "runs", "dead"];
+pub const OWN_TOPICS: [&str; 7] = [
+    "jobs",
+    "jobs.rejected",
+    "timers",
+    "control",
+    "runs",
+    "dead",
+    "nodes",
+];
 
 /// Whether `topic` is one of the topics of a fleet with topic prefix `prefix`: under the
 /// prefix, compared as Kafka compares names for collisions (`.` and `_` alike, so

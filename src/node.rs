@@ -30,6 +30,9 @@ pub struct NodeStatus {
     pub failing_since_ms: AtomicI64,
     /// The last step's error and when it happened, for `/status` and `/readyz`.
     pub last_error: Mutex<Option<(i64, String)>>,
+    /// What the scheduler's engine holds, read by the job API and the heartbeat.
+    #[cfg(feature = "runtime")]
+    pub view: crate::scheduler::view::View,
 }
 
 /// Whether the node reaches a broker, as its probe (`kafka::reach`) last found: a step blocked
@@ -42,6 +45,38 @@ pub struct Reach {
     /// Why the last probe got no answer, while none comes.
     pub last_error: Mutex<Option<String>>,
 }
+
+/// Whether a node's local store (a worker's ledger) can write, as its last write found. While it
+/// cannot, the node is not ready.
+#[derive(Debug, Default)]
+pub struct StoreHealth {
+    /// When writes started failing (ms since the epoch), or 0 while they succeed.
+    pub failing_since_ms: AtomicI64,
+    /// The error of the last failed write, while they fail.
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl StoreHealth {
+    /// Since when, and why, the store cannot write; `None` while it can.
+    pub fn failing(&self) -> Option<(i64, String)> {
+        match self
+            .failing_since_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            since => Some((
+                since,
+                self.last_error.lock().unwrap().clone().unwrap_or_default(),
+            )),
+        }
+    }
+}
+
+/// How long a node in its group with no assignment waits before it counts as assigned nothing
+/// (and so may be ready): librdkafka reports no empty assignment under KIP-848 (an empty target
+/// equal to the empty current one changes nothing), and by then the coordinator has had several
+/// heartbeats (500 ms on the dev broker, 5 s by default) to compute its target.
+pub const IDLE_READY_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// No broker answered the probe for this long: the node is not ready. Longer than a probe's
 /// own timeout, so one slow answer does not take the node out of service.

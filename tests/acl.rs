@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -23,34 +22,23 @@ const USERS: &str = "scheduler:sched-pw,worker-alice:wa-pw,worker-bob:wb-pw,\
 
 /// `config` logged in as `user`.
 fn as_user(config: &Config, user: &str, password: &str) -> Config {
-    let mut c = config.clone();
-    for (k, v) in [
-        ("security.protocol", "SASL_PLAINTEXT"),
-        ("sasl.mechanism", "PLAIN"),
-        ("sasl.username", user),
-        ("sasl.password", password),
-    ] {
-        c.kafka.insert(k.into(), v.into());
-    }
-    c
+    common::with_kafka(
+        config,
+        &[
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanism", "PLAIN"),
+            ("sasl.username", user),
+            ("sasl.password", password),
+        ],
+    )
 }
 
 fn password(user: &str) -> &'static str {
-    USERS
-        .split(',')
-        .find_map(|u| u.trim().strip_prefix(&format!("{user}:")))
-        .expect("a user of USERS")
+    common::password_of(USERS, user)
 }
 
 fn user(config: &Config, name: &str) -> Config {
     as_user(config, name, password(name))
-}
-
-/// A node of `config` with its own directory (its config file is written there).
-fn node(config: &Config, dir: &Path, id: &str, args: &[&str]) -> Node {
-    let dir = dir.join(id);
-    std::fs::create_dir_all(&dir).unwrap();
-    Node::spawn(config, &dir, id, args)
 }
 
 /// What a consumer logged in per `config` gets when it reads every partition of `topic` from
@@ -111,6 +99,9 @@ async fn tenants_principals_reach_only_their_lanes() {
     let admin_password = std::fs::read_to_string(broker.state.join("sasl")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut base = common::test_config_on(&broker.bootstrap, "acl");
+    // The recipe grants the default scheduler group, as a fleet's operator would run it; the
+    // broker is the test's own, so no other test shares that group.
+    base.scheduler.group_id = tocsin::config::Config::default().scheduler.group_id;
     base.scheduler.data_dir = dir.path().join("sched");
     base.worker.data_dir = dir.path().join("work");
     let admin = as_user(&base, "admin", admin_password.trim());
@@ -122,49 +113,27 @@ async fn tenants_principals_reach_only_their_lanes() {
         .await;
     assert!(refused.is_err(), "topics created without any ACL");
 
-    tocsin::kafka::admin::Admin::new(&admin)
-        .unwrap()
-        .ensure(&tocsin::kafka::admin::fleet_topics(&base))
-        .await
-        .unwrap();
-    let recipe = Command::new(common::repo_root().join("scripts/acl-recipe"))
-        .env("TOCSIN_KAFKA_STATE", &broker.state)
-        .args([
-            "--prefix",
-            &base.topic_prefix,
-            "--scheduler",
-            "User:scheduler",
-        ])
-        .args(["--worker", "alice=User:worker-alice"])
-        .args(["--worker", "bob=User:worker-bob"])
-        .args(["--producer", "alice=User:producer-alice"])
-        .args(["--producer", "bob=User:producer-bob"])
-        .output()
-        .unwrap();
-    assert!(recipe.status.success(), "{}", common::text(&recipe.stderr));
+    ensure_fleet_topics(&admin).await;
+    broker.acl_recipe(
+        &base.topic_prefix,
+        &[
+            "--worker",
+            "bob=User:worker-bob",
+            "--producer",
+            "alice=User:producer-alice",
+            "--producer",
+            "bob=User:producer-bob",
+        ],
+    );
 
-    let scheduler = node(
+    let scheduler = Node::spawn_in(
         &user(&base, "scheduler"),
         dir.path(),
         "s1",
         &["scheduler", "--node-id", "s1"],
     );
-    let alice_worker = node(
-        &user(&base, "worker-alice"),
-        dir.path(),
-        "w-alice",
-        &[
-            "worker",
-            "--pool",
-            "alice",
-            "--lanes",
-            "alice",
-            "--worker-id",
-            "w-alice",
-            "--allow-exec",
-            "/bin/sh",
-        ],
-    );
+    let alice_worker =
+        Node::tenant_worker(&user(&base, "worker-alice"), dir.path(), "alice", "w-alice");
 
     // Alice's producer writes her job straight to `jobs`.
     let ran = dir.path().join("ran");

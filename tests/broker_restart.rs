@@ -242,7 +242,19 @@ async fn nodes_survive_broker_outages_of_30_s_and_2_min() {
     drop(watch);
 
     // Stop firing, let the worker finish what is in the lanes, and audit.
-    scheduler.stop();
+    let sched_log = scheduler.stop();
+    // What the scheduler said went wrong, for a failure's message.
+    let troubles: String = sched_log
+        .lines()
+        .filter(|l| {
+            !l.contains(" INFO ")
+                || l.contains("assigned partitions")
+                || l.contains("revoked partitions")
+                || l.contains("partition active")
+                || l.contains("fenc")
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     let seen = audit(&config, Duration::from_secs(3));
     let fired: Vec<_> = seen.iter().filter(|s| s.run.attempt == 1).collect();
     wait_watching(
@@ -298,7 +310,11 @@ async fn nodes_survive_broker_outages_of_30_s_and_2_min() {
         let hidden = |o: i64| o - MISFIRE_THRESHOLD_MS as i64;
         if policy == MisfirePolicy::FireAll {
             // Every second, those the outages hid fired late as catch-ups.
-            assert!(gaps.is_empty(), "{id}: seconds missing: {gaps:?}");
+            assert!(
+                gaps.is_empty(),
+                "{id}: seconds missing: {gaps:?}; the scheduler's warnings and partition \
+                 events:\n{troubles}"
+            );
             let least: i64 = outages.iter().map(|o| hidden(*o) / 1000 - 1).sum();
             assert!(
                 catch_ups.len() as i64 >= least,
@@ -308,7 +324,11 @@ async fn nodes_survive_broker_outages_of_30_s_and_2_min() {
             continue;
         }
         // A gap per outage...
-        assert_eq!(gaps.len(), outages.len(), "{id}: {gaps:?}");
+        assert_eq!(
+            gaps.len(),
+            outages.len(),
+            "{id}: {gaps:?}; the scheduler's warnings and partition events:\n{troubles}"
+        );
         for ((from, to), o) in gaps.iter().zip(&outages) {
             assert!(
                 to - from >= hidden(*o),

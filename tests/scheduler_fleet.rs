@@ -7,9 +7,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::fleet::*;
+use common::http::{free_addr, get};
 use common::topics::read_all;
 use tocsin::model::job::{JobDefinition, MisfirePolicy};
 use tocsin::model::records::FireReason;
+use tocsin::scheduler::HOLD_TRANSACTION_ENV;
 
 /// The fleet tests load the machine; one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -150,12 +152,35 @@ async fn kill_9_loses_and_duplicates_nothing() {
     );
 }
 
+/// A node stopped (SIGSTOP) with a transaction open: the group drops it after its session
+/// timeout, and the node taking its partitions, finding their committed offsets held by that
+/// transaction, fences it at once instead of waiting for the broker's transaction timeout.
+/// The test hook holds one of the zombie's transactions open, its offsets sent, when it stops.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_zombie_is_fenced() {
     let _g = SERIAL.lock().await;
     let (config, dir) = setup("zombie").await;
-    let n1 = Node::start(&config, dir.path(), "n1");
-    let n2 = Node::start(&config, dir.path(), "n2");
+    let hold = dir.path().join("hold");
+    let n1 = Node::spawn_env(
+        &config,
+        dir.path(),
+        "n1",
+        &["scheduler", "--node-id", "n1"],
+        &[(HOLD_TRANSACTION_ENV, hold.as_os_str())],
+    );
+    let n2_http = free_addr();
+    let n2 = Node::spawn(
+        &config,
+        dir.path(),
+        "n2",
+        &[
+            "scheduler",
+            "--node-id",
+            "n2",
+            "--http-listen",
+            &n2_http.to_string(),
+        ],
+    );
     let parts = config.topics.job_partitions as usize;
     wait_watching(
         Duration::from_secs(60),
@@ -167,15 +192,42 @@ async fn a_paused_zombie_is_fenced() {
     let t0 = now_ms();
     put_jobs(&config, &jobs).await;
     std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        fences_done(n2_http),
+        0,
+        "n2 fenced before anything happened"
+    );
+
+    // n1's next transaction stops short of its commit, and n1 stops with it open.
+    std::fs::write(&hold, b"").unwrap();
+    let held = hold.with_extension("held");
+    wait_watching(
+        Duration::from_secs(30),
+        "n1 holds a transaction open",
+        &[&n1],
+        || held.exists(),
+    );
     n1.signal(libc::SIGSTOP);
+    std::fs::remove_file(&hold).unwrap();
     let before = active_count(&n2);
-    // The session timeout, then the broker's abort of the stopped node's open transaction (its
-    // timeout plus the abort sweep), then the restore: well under a minute even on a loaded box.
     wait_watching(
         Duration::from_secs(90),
         "n2 takes over from the stopped node",
         &[&n1, &n2],
         || active_count(&n2) > before && n2.holds() == parts,
+    );
+    // The survivor fenced the zombie itself: the broker's own abort (after the transaction
+    // timeout) would have freed the partitions too, but counts no fence.
+    let fences = fences_done(n2_http);
+    assert!(
+        fences >= 1,
+        "n2 took over without fencing n1 (tocsin_fences_total{{outcome=\"done\"}} = {fences}):\n{}",
+        n2.log_text()
+    );
+    assert!(
+        n2.log_text().contains("owner=n1"),
+        "n2 fenced someone other than n1:\n{}",
+        n2.log_text()
     );
     std::thread::sleep(Duration::from_secs(2));
     n1.signal(libc::SIGCONT);
@@ -190,9 +242,19 @@ async fn a_paused_zombie_is_fenced() {
         .filter(|l| l.contains("scheduler step failed") || l.contains("released partition"))
         .count();
     println!(
-        "zombie: {} runs, worst lateness {worst} ms, stale-node fence/release events {fenced}",
+        "zombie: {} runs, worst lateness {worst} ms, n2's fences {fences}, stale-node fence/release events {fenced}",
         seen.len()
     );
+}
+
+/// `tocsin_fences_total{outcome="done"}` on the node serving `addr`.
+fn fences_done(addr: std::net::SocketAddr) -> u64 {
+    let (code, body) = get(addr, "/metrics").expect("the node's /metrics answers");
+    assert_eq!(code, 200, "{body}");
+    body.lines()
+        .find(|l| l.starts_with("tocsin_fences_total{") && l.contains("outcome=\"done\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -228,6 +228,13 @@ async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
         pz.iter().any(|t| *t > t2 + 1_000),
         "did not fire after resume: {pz:?}"
     );
+
+    // The three tenants' lanes were new: each was created when its first job was ingested,
+    // between transactions, not by a firing transaction (whose admin calls would hold it open).
+    assert!(
+        !log.contains("creating a lane inside a firing transaction"),
+        "a lane was created inside a transaction:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -41,7 +41,8 @@ async fn broker_view(admin: &AdminClient<DefaultClientContext>, topic: &str) -> 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn ensure_creates_the_default_topics_once() {
-    // The product's defaults: 1024 partitions for jobs, timers and control.
+    // The product's defaults: 1024 partitions for jobs, timers and control; 7 topics with
+    // `nodes`.
     let config = Config {
         bootstrap: bootstrap(),
         topic_prefix: unique_prefix("ensure"),
@@ -56,7 +57,7 @@ async fn ensure_creates_the_default_topics_once() {
     );
     assert_eq!(
         text(&out.stdout).matches("created").count(),
-        6,
+        7,
         "{}",
         text(&out.stdout)
     );
@@ -82,7 +83,7 @@ async fn ensure_creates_the_default_topics_once() {
         text(&again.stderr)
     );
     let stdout = text(&again.stdout);
-    assert_eq!(stdout.matches("exists").count(), 6, "{stdout}");
+    assert_eq!(stdout.matches("exists").count(), 7, "{stdout}");
     assert!(!stdout.contains("created"), "{stdout}");
     assert_eq!(
         broker_view(&admin, &config.topic("jobs")).await,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fleet::*;
-use common::topics::{events, read_all};
+use common::topics::{dead_letters, events, read_all, starts};
 use tocsin::codec::{self, Framing};
 use tocsin::model::job::{
     HandlerKind, HandlerSpec, JobDefinition, OverlapPolicy, RetryPolicy, ScheduleSpec,
@@ -159,24 +159,6 @@ fn http_target(script: Vec<u16>) -> Target {
         }
     });
     Target { url, seen }
-}
-
-fn http(url: &str) -> HandlerSpec {
-    HandlerSpec {
-        kind: HandlerKind::Http,
-        target: url.into(),
-        payload: b"{\"hello\":1}".to_vec(),
-        headers: Default::default(),
-        method: Some("POST".into()),
-        args: vec![],
-    }
-}
-
-fn dead_letters(config: &tocsin::config::Config) -> Vec<DeadLetter> {
-    read_all(config, "dead", Duration::from_millis(500))
-        .into_iter()
-        .map(|(_, v)| codec::decode(&v).expect("a dead record that is not a DeadLetter"))
-        .collect()
 }
 
 fn kinds(ev: &[RunEvent], job: &str) -> Vec<(u32, RunEventKind)> {
@@ -594,42 +576,6 @@ async fn a_worker_joining_mid_run_takes_no_run_twice() {
     assert!(on("w2") > 0, "no lane moved to the second worker");
 }
 
-/// A run as the scheduler would fire it now, put straight on its tenant's lane by `put_runs`.
-fn lane_run(id: &str, tenant: &str, handler: HandlerSpec) -> Run {
-    let at = now_ms();
-    Run {
-        run_id: tocsin::model::records::run_id(id, at),
-        job_id: id.into(),
-        tenant: tenant.into(),
-        scheduled_ms: at,
-        fire_ms: at,
-        attempt: 1,
-        reason: FireReason::Schedule,
-        handler,
-        timeout_ms: 10_000,
-        retry: RetryPolicy {
-            max_attempts: 3,
-            backoff_base_ms: 500,
-            backoff_cap_ms: 1_000,
-        },
-        labels: Default::default(),
-    }
-}
-
-async fn put_runs(config: &tocsin::config::Config, runs: &[Run]) {
-    for r in runs {
-        let lane = config.lane_topic(&r.tenant);
-        let topic = lane.strip_prefix(&config.topic_prefix).unwrap();
-        let value = codec::encode(r, &Framing::SingleObject);
-        produce_raw(
-            config,
-            topic,
-            &[(r.job_id.clone().into_bytes(), Some(value))],
-        )
-        .await;
-    }
-}
-
 /// A topic of this test for kafka runs to write into: outside the prefix, whose topics are
 /// Tocsin's and refused as targets.
 fn sink_name(config: &tocsin::config::Config) -> String {
@@ -894,11 +840,11 @@ async fn the_ledger_stays_bounded_by_its_retention_and_still_skips_recent_redeli
         || w.log_text().contains("already finished"),
     );
     let ev = events(&config, Duration::from_millis(500));
-    let started = ev
-        .iter()
-        .filter(|e| e.run_id == last.run_id && e.kind == RunEventKind::Started)
-        .count();
-    assert_eq!(started, 1, "a redelivery within the retention ran again");
+    assert_eq!(
+        starts(&ev, &last.run_id),
+        1,
+        "a redelivery within the retention ran again"
+    );
     w.stop();
 
     let ledger =

@@ -68,11 +68,14 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let status = Arc::new(NodeStatus::default());
     let worker_ready = Arc::new(AtomicBool::new(false));
+    let mut opts = WorkerOptions::new("dev");
+    opts.on_finished = Some(Arc::new(super::worker::print_finished));
     if !listen.is_empty() {
         let reach = crate::kafka::reach::watch(&config, system_clock(), shutdown.clone())?;
         let endpoint = http::Endpoint::new("dev", http::prometheus())
             .with_scheduler(status.clone())
             .with_worker(worker_ready.clone())
+            .with_ledger(opts.ledger_health.clone())
             .with_brokers(reach);
         http::start(&listen, endpoint, shutdown.clone()).await?;
     }
@@ -104,8 +107,6 @@ pub async fn run(mut config: Config, args: &DevArgs) -> anyhow::Result<()> {
         status,
         shutdown.clone(),
     ));
-    let mut opts = WorkerOptions::new("dev");
-    opts.on_finished = Some(Arc::new(super::worker::print_finished));
     worker_ready.store(true, Ordering::Relaxed);
     let work = tokio::spawn(worker::run(
         config.clone(),

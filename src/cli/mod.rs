@@ -6,6 +6,7 @@ pub mod jobs;
 mod jobs_list;
 mod runs;
 mod scheduler;
+mod status;
 mod topics;
 mod worker;
 
@@ -58,6 +59,9 @@ pub enum Command {
         #[command(subcommand)]
         command: runs::RunsCommand,
     },
+    /// The fleet: its nodes, the partitions each owns (state, consumer lag, due backlog), the
+    /// lanes' backlog per tenant and each node's last error.
+    Status(status::StatusArgs),
     /// Run a scheduler node.
     Scheduler(scheduler::SchedulerArgs),
     /// Run a worker of a pool on the tenant lanes.
@@ -146,6 +150,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => jobs::run(&cli.load_config()?, command).await,
         Command::Jobs { command } => jobs::run(&reachable(cli.load_config()?)?, command).await,
         Command::Runs { command } => runs::run(&reachable(cli.load_config()?)?, command).await,
+        Command::Status(args) => status::run(&reachable(cli.load_config()?)?, args).await,
         Command::Scheduler(args) => scheduler::run(reachable(cli.load_config()?)?, args).await,
         Command::Worker(args) => worker::run(reachable(cli.load_config()?)?, args).await,
         Command::Dev(args) => dev::run(reachable(cli.load_config()?)?, args).await,

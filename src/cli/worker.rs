@@ -113,22 +113,27 @@ pub fn print_finished(f: &Finished) {
 pub async fn run(mut config: Config, args: &WorkerArgs) -> anyhow::Result<()> {
     args.apply(&mut config);
     config.validate()?;
+    // Checked before anything connects, so a bad file stops the worker at once.
+    if let Some(ca) = &config.worker.http.ca_file {
+        worker::handler::ca_certificates(ca)?;
+    }
     let id = args
         .worker_id
         .clone()
         .unwrap_or_else(|| format!("worker-{}", std::process::id()));
     let shutdown = CancellationToken::new();
     let ready = Arc::new(AtomicBool::new(false));
+    let mut opts = WorkerOptions::new(id.clone());
     if !config.worker.http_listen.is_empty() {
         let reach =
             crate::kafka::reach::watch(&config, crate::node::system_clock(), shutdown.clone())?;
         let endpoint = http::Endpoint::new(&id, http::prometheus())
             .with_worker(ready.clone())
+            .with_ledger(opts.ledger_health.clone())
             .with_brokers(reach);
         http::start(&config.worker.http_listen, endpoint, shutdown.clone()).await?;
     }
     Admin::new(&config)?.ensure(&fleet_topics(&config)).await?;
-    let mut opts = WorkerOptions::new(id);
     if args.print_runs {
         opts.on_finished = Some(Arc::new(print_finished));
     }
@@ -137,9 +142,21 @@ pub async fn run(mut config: Config, args: &WorkerArgs) -> anyhow::Result<()> {
         super::scheduler::wait_for_signal().await;
         signals.cancel();
     });
-    // The lanes exist and the consumer loop starts now; the worker does not report when the
-    // group assigns it lanes, so ready means "consuming", not "assigned".
-    ready.store(true, Ordering::Relaxed);
+    // Ready once the group assigns the worker lanes; one given none (no lanes yet, or more
+    // workers than lane partitions) counts as assigned after IDLE_READY_AFTER in the group.
+    let assigned = opts.assigned.clone();
+    let watching = shutdown.clone();
+    tokio::spawn(async move {
+        let since = std::time::Instant::now();
+        while !watching.is_cancelled() {
+            if assigned.load(Ordering::Relaxed) || since.elapsed() >= crate::node::IDLE_READY_AFTER
+            {
+                ready.store(true, Ordering::Relaxed);
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
     worker::run(config, opts, crate::node::system_clock(), shutdown).await?;
     Ok(())
 }

@@ -31,6 +31,20 @@ pub enum AdminError {
 
 pub type Result<T, E = AdminError> = std::result::Result<T, E>;
 
+/// The longest wait between two metadata requests answered with a leadership error (the
+/// waits double from 100 ms: about 1.5 s in all).
+const METADATA_RETRY_MAX: Duration = Duration::from_millis(800);
+
+/// Whether `code` says partition leadership is moving on the broker, which passes.
+fn leadership_moving(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotCoordinator
+    )
+}
+
 /// Cleanup policy of a topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cleanup {
@@ -77,6 +91,8 @@ pub fn fleet_topics(config: &Config) -> Vec<TopicSpec> {
         spec("runs", t.runs_partitions, Cleanup::Delete),
         spec("dead", t.dead_partitions, Cleanup::Delete),
         spec("jobs.rejected", t.rejected_partitions, Cleanup::Delete),
+        // Heartbeats of the scheduler nodes (`api::directory`); readers read the last 30 s.
+        spec("nodes", 1, Cleanup::Delete),
     ]
 }
 
@@ -154,7 +170,22 @@ impl Admin {
     /// Partition counts of every topic the broker has, by name.
     pub fn partition_counts(&self) -> Result<BTreeMap<String, u32>> {
         // A blocking call: fine for the CLI, and the scheduler calls it from its own thread.
-        let md = self.client.inner().fetch_metadata(None, self.timeout)?;
+        // A broker moving partition leaders (topics being created or deleted) may answer a
+        // whole metadata request with a leadership error for a moment: asked again, a little
+        // later, a few times.
+        let mut backoff = Duration::from_millis(100);
+        let md = loop {
+            match self.client.inner().fetch_metadata(None, self.timeout) {
+                Err(KafkaError::MetadataFetch(code))
+                    if backoff <= METADATA_RETRY_MAX && leadership_moving(code) =>
+                {
+                    tracing::debug!(error = %code, "metadata answered with a leadership error; asking again");
+                    std::thread::sleep(backoff);
+                    backoff *= 2;
+                }
+                other => break other?,
+            }
+        };
         Ok(md
             .topics()
             .iter()

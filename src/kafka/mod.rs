@@ -2,6 +2,8 @@
 //! the Java-compatible partitioner.
 
 pub mod admin;
+pub mod group;
+pub mod lag;
 pub mod partitioner;
 pub mod reach;
 
@@ -16,6 +18,13 @@ pub fn base_config(config: &Config) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &config.bootstrap);
     c.set("client.id", "tocsin");
+    // No re-bootstrap when every known broker is down: librdkafka 2.12's re-bootstrap loop can
+    // leave a KIP-848 group member that never finds its coordinator again after the cluster
+    // returns (its heartbeats never resume, and every transaction's offset commit is refused
+    // as an unknown member), while a client that keeps the brokers it learned reconnects to
+    // them as soon as they answer. A cluster whose every address changed during an outage is
+    // what `/healthz`'s stall limit catches: the node is restarted and bootstraps afresh.
+    c.set("metadata.recovery.strategy", "none");
     for (k, v) in &config.kafka {
         c.set(k, v);
     }

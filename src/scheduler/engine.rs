@@ -25,19 +25,21 @@ use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::lane::{self, h};
 use super::lifecycle::{Action, Event, Lifecycle};
-use super::producer::{fence_owner, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
+use super::producer::{fence_owner, fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
+use super::takeover::{self, Fetched, Membership, OffsetFetch};
 use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery};
 use crate::history::{self, Known, Reporter};
-use crate::kafka::admin::{lane_topic, Admin, AdminError};
+use crate::kafka::admin::{lane_topic, Admin, AdminError, TopicSpec};
 use crate::model::job::{HandlerKind, JobDefinition};
 use crate::model::records::{ControlRecord, DeadLetter, Run, RunEvent, RunEventKind, TimerState};
 use crate::model::schedule::Schedule;
 use crate::model::validate::{validate, Limits};
-use crate::node::{NodeStatus, NowFn};
+use crate::node::{NodeStatus, NowFn, IDLE_READY_AFTER};
+use crate::telemetry::{self, AbortReason, LagTally, Rejection};
 
 type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
@@ -52,6 +54,14 @@ const SEQ_HEADER: &str = "tocsin-seq";
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
 /// A node fenced this recently is not fenced again (its abort is still being written).
 const FENCE_AGAIN_AFTER: Duration = Duration::from_secs(10);
+/// How long a newly assigned partition's committed-offset fetch may go unanswered before the
+/// broker is taken to be holding it for a departed owner's open transaction
+/// (`UNSTABLE_OFFSET_COMMIT`), whose owner is then fenced if the group no longer has it. An
+/// answer takes milliseconds otherwise; a fence of a node that had nothing open costs one
+/// `InitProducerId`.
+const FETCH_HELD_AFTER: Duration = Duration::from_millis(300);
+/// How soon a committed-offset fetch that failed is tried again.
+const FETCH_RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Most parsed schedules kept (see `cache_schedule`).
 const SCHEDULE_CACHE: usize = 100_000;
 /// Most due entries gathered in one scan of the bucket index. Fairness across tenants holds
@@ -117,10 +127,15 @@ pub struct Engine {
     node_id: String,
     now: NowFn,
     status: Arc<NodeStatus>,
-    store: Store,
+    store: Arc<Store>,
     producer: TxnProducer,
-    group: BaseConsumer<GroupContext>,
+    /// Shared with the offset fetch's thread.
+    group: Arc<BaseConsumer<GroupContext>>,
     restorer: BaseConsumer,
+    /// The group's members and who held which partition, described on a thread of its own.
+    membership: Membership,
+    /// The committed-offset fetch of newly assigned partitions: (partition, assignment token).
+    fetch: OffsetFetch<Vec<(i32, String)>>,
     admin: Admin,
     runtime: tokio::runtime::Handle,
     topics: Topics,
@@ -130,8 +145,22 @@ pub struct Engine {
     /// Next offset to commit per (topic, partition), as of the last committed transaction.
     committed: HashMap<(String, i32), i64>,
     schedules: HashMap<String, Arc<Schedule>>,
+    /// Lane topics known to exist: those listed at start, and those created since.
     lanes: HashSet<String>,
+    /// Lanes that jobs ingested need and that do not exist yet: created between transactions
+    /// (`create_wanted_lanes`), never inside one.
+    lanes_wanted: BTreeMap<String, TopicSpec>,
     assignments: u64,
+    /// The (assignments, owned, active) the node's view was last published at.
+    published: Option<(u64, usize, usize)>,
+    /// When each partition restoring now was assigned.
+    restore_started: HashMap<i32, Instant>,
+    /// Whether the group has handed this node an assignment yet: before that, owning no
+    /// partitions says nothing, and the node is not ready.
+    assigned_once: bool,
+    /// When the node subscribed: a node the group gives nothing counts as assigned once it has
+    /// been in the group `IDLE_READY_AFTER` without.
+    subscribed: Option<Instant>,
     limits: Limits,
     /// Previous owners fenced, and when.
     fenced: HashMap<String, Instant>,
@@ -159,6 +188,10 @@ struct Txn {
     /// Per partition changed, its progress once this transaction commits (set by `flush`).
     progress: BTreeMap<i32, Progress>,
     runs: u64,
+    /// The fired runs' lags at the transaction's start, for the fire-lag histogram.
+    lags: LagTally,
+    /// Timer states written to `timers` (the rest of `changed` the progress records).
+    timers_sent: usize,
 }
 
 /// One timer a transaction changed.
@@ -218,7 +251,8 @@ impl Engine {
             path: dir.clone(),
             source: e,
         })?;
-        let store = Store::open(&dir)?;
+        let store = Arc::new(Store::open(&dir)?);
+        status.view.attach(store.clone());
         let topics = Topics {
             jobs: config.topic("jobs"),
             timers: config.topic("timers"),
@@ -230,7 +264,9 @@ impl Engine {
         let producer = TxnProducer::new(&config, &node_id, &topics.timers)?;
 
         let mut gc = crate::kafka::consumer_config(&config, &config.scheduler.group_id);
-        gc.set("client.id", format!("tocsin-scheduler-{node_id}"));
+        // The member's client id names its fleet and node, as the transactional id does: the
+        // membership (`takeover`) tells this fleet's nodes from another's in a shared group.
+        gc.set("client.id", takeover::member_client_id(&config, &node_id));
         gc.set("group.protocol", "consumer");
         // The broker's range assignor gives partition p of `jobs` and of `control` to the
         // same member: the two topics are co-partitioned.
@@ -243,6 +279,8 @@ impl Engine {
             gc.set(k, v);
         }
         let group: BaseConsumer<GroupContext> = gc.create_with_context(GroupContext::default())?;
+        let group = Arc::new(group);
+        let membership = Membership::start(&config, &node_id, &topics.jobs);
 
         let mut rc = crate::kafka::consumer_config(&config, "tocsin-restore-unused");
         rc.set("client.id", format!("tocsin-restore-{node_id}"));
@@ -261,6 +299,8 @@ impl Engine {
             producer,
             group,
             restorer,
+            membership,
+            fetch: OffsetFetch::default(),
             admin,
             runtime,
             topics,
@@ -269,7 +309,12 @@ impl Engine {
             committed: HashMap::new(),
             schedules: HashMap::new(),
             lanes: HashSet::new(),
+            lanes_wanted: BTreeMap::new(),
             assignments: 0,
+            restore_started: HashMap::new(),
+            published: None,
+            assigned_once: false,
+            subscribed: None,
             limits,
             fenced: HashMap::new(),
             suspects: HashMap::new(),
@@ -281,9 +326,11 @@ impl Engine {
 
     /// Runs until `shutdown` is cancelled. Never returns with a transaction open.
     pub fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        self.seed_lanes();
         self.producer.init(&shutdown)?;
         self.group
             .subscribe(&[&self.topics.jobs, &self.topics.control])?;
+        self.subscribed = Some(Instant::now());
         info!(node = %self.node_id, kafka_delivery = ?self.config.scheduler.kafka_delivery, "scheduler joined the group");
         let tick = self.config.scheduler.tick_ms as i64;
         let mut next_tick = ((self.now)() / tick + 1) * tick;
@@ -333,11 +380,16 @@ impl Engine {
         let now = (self.now)();
         let wait = (*next_tick - now).clamp(0, 50) as u64;
         let batch = self.poll_group(Duration::from_millis(wait))?;
-        self.write_barriers()?;
-        self.poll_restore()?;
+        // The restore's steps, only while a partition restores (or a fetch for one is out).
+        if self.fetch.in_flight().is_some() || self.parts.values().any(|p| !p.is_active()) {
+            self.fetch_offsets();
+            self.write_barriers()?;
+            self.poll_restore()?;
+        }
         if !batch.is_empty() {
             self.transact(batch, &[])?;
         }
+        self.create_wanted_lanes();
         let now = (self.now)();
         if now >= *next_tick {
             self.fire_tick(now)?;
@@ -346,9 +398,21 @@ impl Engine {
         let active = self.parts.values().filter(|p| p.is_active()).count();
         self.status.owned.store(self.parts.len(), Ordering::Relaxed);
         self.status.active.store(active, Ordering::Relaxed);
+        telemetry::partitions(self.parts.len() - active, active);
+        // The owned set changes only by an assignment (`assignments` counts them), a release
+        // (`parts` shrinks) or an activation (`active` grows): republish only then.
+        let shape = (self.assignments, self.parts.len(), active);
+        if self.published != Some(shape) {
+            (self.status.view).publish(self.parts.iter().map(|(p, l)| (*p, l.is_active())));
+            self.published = Some(shape);
+        }
+        let assigned = self.assigned_once
+            || self
+                .subscribed
+                .is_some_and(|t| t.elapsed() >= IDLE_READY_AFTER);
         self.status
             .ready
-            .store(active == self.parts.len(), Ordering::Relaxed);
+            .store(assigned && active == self.parts.len(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -394,7 +458,11 @@ impl Engine {
                     .collect()
             };
             let (jobs, control) = (of(&self.topics.jobs), of(&self.topics.control));
+            telemetry::rebalanced(assigned, jobs.len());
             if assigned {
+                self.assigned_once = true;
+                // A takeover may need to know who left the group: a description made from now.
+                self.membership.refresh();
                 info!(jobs = ?jobs, control = ?control, "assigned partitions");
                 if jobs != control {
                     // Range assignment co-partitions the two topics; a split means a control
@@ -421,6 +489,7 @@ impl Engine {
 
     fn start_restore(&mut self, p: i32) {
         self.assignments += 1;
+        self.restore_started.insert(p, Instant::now());
         let now = (self.now)();
         // A checkpoint outside the partition's current offsets belongs to another topic of
         // the same name (a recreated topic): trust it only when it fits. The watermarks cost a
@@ -473,10 +542,99 @@ impl Engine {
         self.progress.remove(&p);
     }
 
-    /// One fenced transaction per batch of newly assigned partitions writes a barrier record
-    /// to each of their `timers` partitions. Reading our own barrier back in `read_committed`
-    /// proves every earlier transaction on that partition (a previous owner's included) has
-    /// been committed or aborted and replayed.
+    /// Fetches the committed offsets (and progress) of newly assigned partitions, one fetch at a
+    /// time on a thread of its own, and takes in the answer. A fetch the broker holds names a
+    /// departed owner's open transaction: that owner is fenced (`fence_departed`).
+    fn fetch_offsets(&mut self) {
+        match self.fetch.poll() {
+            Fetched::Idle => {}
+            Fetched::Waiting { since } => {
+                if since.elapsed() >= FETCH_HELD_AFTER {
+                    let held: Vec<i32> = (self.fetch.in_flight().into_iter().flatten())
+                        .filter(|(p, token)| self.restoring(*p, token))
+                        .map(|(p, _)| *p)
+                        .collect();
+                    self.fence_departed(&held, "offset fetch held");
+                }
+                return;
+            }
+            Fetched::Done { of, took, answer } => match answer {
+                Ok(committed) => self.take_committed(&of, &committed, took),
+                Err(e) => {
+                    warn!(error = %e, partitions = of.len(), took_ms = took.as_millis() as u64,
+                        "could not fetch committed offsets; retrying");
+                    self.fetch.retry_after(FETCH_RETRY_AFTER);
+                }
+            },
+        }
+        if !self.fetch.can_start() {
+            return;
+        }
+        let want: Vec<(i32, String)> = (self.parts.iter())
+            .filter_map(|(p, part)| Some((*p, part.offsets_to_fetch()?.to_owned())))
+            .collect();
+        if want.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, _) in &want {
+            tpl.add_partition(&self.topics.jobs, *p);
+            tpl.add_partition(&self.topics.control, *p);
+        }
+        debug!(partitions = want.len(), "fetching committed offsets");
+        self.fetch.start(&self.group, tpl, TXN_TIMEOUT, want);
+    }
+
+    /// Whether `p` is restoring under the assignment `token` still.
+    fn restoring(&self, p: i32, token: &str) -> bool {
+        (self.parts.get(&p)).is_some_and(|part| part.restoring_token() == Some(token))
+    }
+
+    /// Applies fetched committed offsets to the partitions still restoring under the
+    /// assignment they were fetched for.
+    fn take_committed(
+        &mut self,
+        of: &[(i32, String)],
+        committed: &TopicPartitionList,
+        took: Duration,
+    ) {
+        let current: HashSet<i32> = (of.iter())
+            .filter(|(p, token)| self.restoring(*p, token))
+            .map(|(p, _)| *p)
+            .collect();
+        for e in committed.elements() {
+            if !current.contains(&e.partition()) {
+                continue;
+            }
+            if e.topic() == self.topics.jobs {
+                let metadata =
+                    std::panic::catch_unwind(|| e.metadata().to_owned()).unwrap_or_default();
+                let progress = Progress::decode(&metadata);
+                debug!(partition = e.partition(), progress = ?progress, "committed progress");
+                self.progress.insert(e.partition(), progress);
+            }
+            if let Offset::Offset(o) = e.offset() {
+                self.committed
+                    .insert((e.topic().to_owned(), e.partition()), o);
+            }
+        }
+        for p in &current {
+            if let Some(part) = self.parts.get_mut(p) {
+                part.on(Event::OffsetsFetched);
+            }
+        }
+        info!(
+            partitions = current.len(),
+            took_ms = took.as_millis() as u64,
+            "committed offsets fetched"
+        );
+    }
+
+    /// One fenced transaction per batch of newly assigned partitions whose offsets are in
+    /// writes a barrier record to each of their `timers` partitions, and commits their
+    /// offsets again (as fetched). Reading our own barrier back in `read_committed` proves
+    /// every earlier transaction on that partition (a previous owner's included) has been
+    /// committed or aborted and replayed.
     fn write_barriers(&mut self) -> Result<()> {
         let pending: Vec<(i32, String)> = self
             .parts
@@ -486,25 +644,13 @@ impl Engine {
         if pending.is_empty() {
             return Ok(());
         }
-        let mut tpl = TopicPartitionList::new();
-        for (p, _) in &pending {
-            tpl.add_partition(&self.topics.jobs, *p);
-            tpl.add_partition(&self.topics.control, *p);
-        }
-        let committed = self.group.committed_offsets(tpl, TXN_TIMEOUT)?;
+        let started = Instant::now();
         let mut offsets = TopicPartitionList::new();
-        for e in committed.elements() {
-            if e.topic() == self.topics.jobs {
-                let metadata =
-                    std::panic::catch_unwind(|| e.metadata().to_owned()).unwrap_or_default();
-                let progress = Progress::decode(&metadata);
-                debug!(partition = e.partition(), progress = ?progress, "committed progress");
-                self.progress.insert(e.partition(), progress);
-            }
-            if let Offset::Offset(o) = e.offset() {
-                self.add_offset(&mut offsets, e.topic(), e.partition(), o, None)?;
-                self.committed
-                    .insert((e.topic().to_owned(), e.partition()), o);
+        for (p, _) in &pending {
+            for topic in [&self.topics.jobs, &self.topics.control] {
+                if let Some(o) = self.committed.get(&(topic.clone(), *p)).copied() {
+                    self.add_offset(&mut offsets, topic, *p, o, None)?;
+                }
             }
         }
         self.producer.begin()?;
@@ -529,6 +675,11 @@ impl Engine {
                 part.on(Event::BarrierCommitted { at_ms });
             }
         }
+        info!(
+            partitions = pending.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "barriers committed"
+        );
         Ok(())
     }
 
@@ -565,9 +716,6 @@ impl Engine {
 
     /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
     fn poll_restore(&mut self) -> Result<()> {
-        if !self.parts.values().any(|p| !p.is_active()) {
-            return Ok(());
-        }
         let mut batch = self.store.batch();
         let mut overlay: HashMap<(i32, String), Option<i64>> = HashMap::new();
         let mut checkpoints: HashMap<i32, i64> = HashMap::new();
@@ -660,19 +808,56 @@ impl Engine {
     /// open transaction (nothing of it was applied) and recreates its producer.
     fn fence_stalled_owners(&mut self) {
         let now_ms = self.mono_ms();
-        let owners: BTreeSet<String> = self
-            .parts
-            .values_mut()
-            .filter_map(|part| match part.on(Event::Tick { now_ms }) {
-                Some(Action::Fence(owner)) => Some(owner),
+        let late: Vec<i32> = (self.parts.iter_mut())
+            .filter_map(|(p, part)| match part.on(Event::Tick { now_ms }) {
+                Some(Action::Fence(_)) => Some(*p),
                 _ => None,
             })
             .collect();
-        self.fence(owners);
+        if !late.is_empty() {
+            self.fence_departed(&late, "barrier late");
+        }
+    }
+
+    /// Fences the previous owners of the restoring partitions `held` (those the group's
+    /// membership saw holding them, and those their replayed barriers name) that the group no
+    /// longer has as members: never a live node, never this one.
+    fn fence_departed(&mut self, held: &[i32], why: &str) {
+        let mut owners = BTreeSet::new();
+        let mut unknown = 0;
+        self.membership.with_roster(|roster| {
+            for p in held {
+                let Some(part) = self.parts.get(p) else {
+                    continue;
+                };
+                let candidates: BTreeSet<String> = (roster.previous_holder(*p, &self.node_id))
+                    .into_iter()
+                    .chain(part.previous_owner())
+                    .map(str::to_owned)
+                    .collect();
+                let since = self
+                    .restore_started
+                    .get(p)
+                    .copied()
+                    .unwrap_or_else(Instant::now);
+                match takeover::to_fence(roster, &self.node_id, candidates, since) {
+                    Some(departed) => owners.extend(departed),
+                    None => unknown += 1,
+                }
+            }
+        });
+        if unknown > 0 {
+            debug!(
+                partitions = unknown,
+                reason = why,
+                "restore held; group membership since the assignment not known yet"
+            );
+        }
+        self.fence(owners, held.len(), why);
     }
 
     /// Fences each of `owners` on a side thread, at most once per `FENCE_AGAIN_AFTER`.
-    fn fence(&mut self, owners: BTreeSet<String>) {
+    fn fence(&mut self, owners: BTreeSet<String>, held: usize, why: &str) {
         for owner in owners {
             let recent = self
                 .fenced
@@ -682,6 +867,7 @@ impl Engine {
                 continue;
             }
             self.fenced.insert(owner.clone(), Instant::now());
+            info!(owner = %owner, reason = why, partitions = held, "fencing a departed owner");
             let config = self.config.clone();
             let me = self.node_id.clone();
             let spawned = std::thread::Builder::new()
@@ -705,7 +891,8 @@ impl Engine {
         let progress = self.progress.entry(p).or_default();
         progress.seq = progress.seq.max(max_seq);
         let advanced = self.advance_to_progress(p)?;
-        info!(partition = p, timers, advanced, "partition active");
+        let took = self.restore_started.remove(&p).map(|t| t.elapsed());
+        telemetry::partition_active(p, timers, advanced, took);
         if !buffered.is_empty() {
             self.transact(buffered, &[])?;
         }
@@ -833,6 +1020,8 @@ impl Engine {
             fired_partitions: BTreeSet::new(),
             progress: BTreeMap::new(),
             runs: 0,
+            lags: LagTally::default(),
+            timers_sent: 0,
         };
         let filled = self
             .fill(&mut txn, &records, due, now)
@@ -847,6 +1036,7 @@ impl Engine {
             records = records.len(),
             due = due.len(),
             runs = txn.runs,
+            timers_written = txn.timers_sent,
             fill_ms,
             elapsed_ms = elapsed.as_millis() as u64,
             ok = result.is_ok(),
@@ -882,7 +1072,7 @@ impl Engine {
                 }
                 self.dead_targets.clear();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
-                metrics::counter!("tocsin_runs_fired_total").increment(txn.runs);
+                telemetry::transaction_committed(txn.runs, txn.lags, elapsed);
                 Ok(())
             }
             Err(e) => {
@@ -890,6 +1080,13 @@ impl Engine {
                     records: refused,
                     targets,
                 } = self.producer.abort();
+                telemetry::transaction_aborted(if !refused.is_empty() || !targets.is_empty() {
+                    AbortReason::Refused
+                } else if fenced(&e) {
+                    AbortReason::Fenced
+                } else {
+                    AbortReason::Broker
+                });
                 // Every target is looked up again: one deleted since it was cached would hold
                 // its records until they time out, and fail every retry the same way.
                 self.targets.clear();
@@ -922,7 +1119,6 @@ impl Engine {
                 for (_, job) in txn.changed.keys() {
                     self.schedules.remove(job);
                 }
-                metrics::counter!("tocsin_transactions_aborted_total").increment(1);
                 Err(e)
             }
         }
@@ -1021,6 +1217,7 @@ impl Engine {
                     .payload(&bytes)
                     .headers(OwnedHeaders::new().insert(h(SEQ_HEADER, seq.as_bytes())));
                 self.producer.send(record).map_err(|(e, _)| e)?;
+                txn.timers_sent += 1;
             }
             let wake = fire::wake_at(state);
             txn.batch.put_timer(
@@ -1128,6 +1325,7 @@ impl Engine {
         }
         for d in &fired.runs {
             self.produce_run(&state, d, p, now)?;
+            txn.lags.add(now - d.scheduled_ms, &state.definition.tenant);
         }
         for s in &fired.skipped {
             let event = lane::event(
@@ -1164,7 +1362,7 @@ impl Engine {
         let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
         self.schedules.remove(&job);
         metrics::counter!("tocsin_records_quarantined_total").increment(1);
-        self.reject(m, format!("processing failed: {reason}"))
+        self.reject(m, Rejection::Failed, format!("processing failed: {reason}"))
     }
 
     /// The last line of defence for a stored job that cannot be fired (its lane cannot be
@@ -1229,10 +1427,18 @@ impl Engine {
     fn ingest(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
         let p = m.partition();
         let Some(key) = m.key() else {
-            return self.reject(m, "record has no key (the key must be the job id)".into());
+            return self.reject(
+                m,
+                Rejection::Key,
+                "record has no key (the key must be the job id)".into(),
+            );
         };
         let Ok(job) = std::str::from_utf8(key) else {
-            return self.reject(m, "key is not UTF-8 (the key must be the job id)".into());
+            return self.reject(
+                m,
+                Rejection::Key,
+                "key is not UTF-8 (the key must be the job id)".into(),
+            );
         };
         let job = job.to_owned();
         let existing = self.load(txn, p, &job)?;
@@ -1251,17 +1457,24 @@ impl Engine {
         };
         let def: JobDefinition = match codec::decode(bytes) {
             Ok(d) => d,
-            Err(e) => return self.reject(m, format!("not a Tocsin JobDefinition: {e}")),
+            Err(e) => {
+                return self.reject(
+                    m,
+                    Rejection::Decode,
+                    format!("not a Tocsin JobDefinition: {e}"),
+                )
+            }
         };
         if def.id != job {
             return self.reject(
                 m,
+                Rejection::Key,
                 format!("key {job:?} does not match the job id {:?}", def.id),
             );
         }
         let schedule = match validate(&def, &self.limits, now) {
             Ok(s) => Arc::new(s),
-            Err(e) => return self.reject(m, e.to_string()),
+            Err(e) => return self.reject(m, Rejection::Invalid, e.to_string()),
         };
         // A job's life starts when its record was written, not when this node got to it: a
         // slow ingest makes its first instants late, never skipped. (Clamped, so a skewed
@@ -1280,6 +1493,7 @@ impl Engine {
                 if s.definition.tenant != def.tenant {
                     return self.reject(
                         m,
+                        Rejection::Tenant,
                         other_tenants_job(&job, &s.definition.tenant, &def.tenant),
                     );
                 }
@@ -1292,6 +1506,7 @@ impl Engine {
                 s
             }
         };
+        self.want_lane(&state.definition);
         txn.change(p, &job, Some(state), old_wake, false);
         self.cache_schedule(job, schedule);
         Ok(())
@@ -1302,7 +1517,13 @@ impl Engine {
         let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
         let record: ControlRecord = match m.payload().map(codec::decode) {
             Some(Ok(r)) => r,
-            Some(Err(e)) => return self.reject(m, format!("not a Tocsin ControlRecord: {e}")),
+            Some(Err(e)) => {
+                return self.reject(
+                    m,
+                    Rejection::Decode,
+                    format!("not a Tocsin ControlRecord: {e}"),
+                )
+            }
             None => return Ok(()),
         };
         let Some(mut state) = self.load(txn, p, &job)? else {
@@ -1320,7 +1541,8 @@ impl Engine {
     }
 
     /// Sends a bad input record to `jobs.rejected` with the reason; the partition flows on.
-    fn reject(&mut self, m: &OwnedMessage, reason: String) -> Result<()> {
+    fn reject(&mut self, m: &OwnedMessage, kind: Rejection, reason: String) -> Result<()> {
+        telemetry::record_rejected(kind);
         warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), reason = %reason,
             "rejected input record");
         let source = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
@@ -1337,7 +1559,6 @@ impl Engine {
         reason: &str,
         source: &str,
     ) -> Result<()> {
-        metrics::counter!("tocsin_records_rejected_total").increment(1);
         let room = self
             .limits
             .max_record_bytes
@@ -1379,15 +1600,66 @@ impl Engine {
         Ok(())
     }
 
+    /// The lane of `tenant`, which should exist by now: lanes are listed at start and created
+    /// when a job needing one is ingested, between transactions. Only a lane deleted under a
+    /// running node, or one whose creation failed, is created here, inside the transaction,
+    /// where the admin calls hold it open (and a warning says so).
     fn ensure_lane(&mut self, tenant: &str) -> Result<String> {
         let spec = lane_topic(&self.config, tenant);
         if !self.lanes.contains(&spec.name) {
+            warn!(lane = %spec.name, "creating a lane inside a firing transaction");
             let admin = &self.admin;
             self.runtime
                 .block_on(admin.ensure(std::slice::from_ref(&spec)))?;
+            self.lanes_wanted.remove(&spec.name);
             self.lanes.insert(spec.name.clone());
         }
         Ok(spec.name)
+    }
+
+    /// Notes the lane `def`'s runs go to, when it is not known to exist.
+    fn want_lane(&mut self, def: &JobDefinition) {
+        if self.delivers(def) {
+            return;
+        }
+        let spec = lane_topic(&self.config, &def.tenant);
+        if !self.lanes.contains(&spec.name) {
+            self.lanes_wanted.entry(spec.name.clone()).or_insert(spec);
+        }
+    }
+
+    /// Creates the lanes ingested jobs need, outside any transaction. A failure is retried at
+    /// the next step; the job's first fire, if it comes first, creates its lane itself.
+    fn create_wanted_lanes(&mut self) {
+        if self.lanes_wanted.is_empty() {
+            return;
+        }
+        let specs: Vec<TopicSpec> = self.lanes_wanted.values().cloned().collect();
+        match self.runtime.block_on(self.admin.ensure(&specs)) {
+            Ok(_) => {
+                for spec in specs {
+                    self.lanes_wanted.remove(&spec.name);
+                    self.lanes.insert(spec.name);
+                }
+            }
+            Err(e) => warn!(error = %e, lanes = specs.len(), "could not create lanes; retrying"),
+        }
+    }
+
+    /// Lists the lanes that exist (one metadata request), so a restarted node does not create
+    /// or verify them one by one.
+    fn seed_lanes(&mut self) {
+        let prefix = self.config.lane_topic("");
+        match self.admin.partition_counts() {
+            Ok(counts) => {
+                self.lanes
+                    .extend(counts.into_keys().filter(|n| n.starts_with(&prefix)));
+                info!(lanes = self.lanes.len(), "lanes listed");
+            }
+            Err(e) => {
+                warn!(error = %e, "could not list the lanes; each is checked when first needed")
+            }
+        }
     }
 
     /// Whether this node writes `def`'s runs into their target itself (`kafka_delivery`).

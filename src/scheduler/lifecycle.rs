@@ -6,8 +6,10 @@
 //!   assigned ──► Restoring ──(our barrier read back)──► Active ──(revoked)──► gone
 //!                 │  ▲
 //!                 │  └─ records of `jobs`/`control` are buffered, in order
+//!                 ├──── committed offsets fetched ──► barrier written ──► barrier committed
 //!                 └──── barrier committed, not back after FENCE_AFTER, previous owner known
-//!                       ──► fence that owner (once per attempt; the engine limits repeats)
+//!                       ──► fence that owner (once per attempt; the engine limits repeats,
+//!                           and fences only a node the group no longer has)
 //! ```
 //!
 //! Restoring replays the partition's `timers` from the store's checkpoint up to our barrier: a
@@ -27,6 +29,9 @@ pub const FENCE_AFTER: Duration = Duration::from_secs(1);
 enum Phase<M> {
     Restoring {
         token: String,
+        /// Whether the partition's committed offsets (and progress) are in: the barrier's
+        /// transaction commits them again, so it is written only after.
+        offsets_fetched: bool,
         /// When our barrier committed, in ms (`None`: still to be written).
         barrier_at_ms: Option<i64>,
         /// The node whose barrier we last replayed: the partition's previous owner.
@@ -40,6 +45,8 @@ enum Phase<M> {
 /// What happens to a partition.
 #[derive(Debug)]
 pub enum Event<'a, M> {
+    /// The partition's committed offsets were fetched.
+    OffsetsFetched,
     /// Our barrier's transaction committed at `at_ms`.
     BarrierCommitted { at_ms: i64 },
     /// The replay read a barrier record written by `owner`, carrying `token`.
@@ -76,6 +83,7 @@ impl<M> Lifecycle<M> {
             me: me.to_owned(),
             phase: Phase::Restoring {
                 token,
+                offsets_fetched: false,
                 barrier_at_ms: None,
                 previous_owner: None,
                 buffered: Vec::new(),
@@ -83,15 +91,46 @@ impl<M> Lifecycle<M> {
         }
     }
 
+    /// The token of this assignment, while its committed offsets are still to be fetched.
+    pub fn offsets_to_fetch(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Restoring {
+                token,
+                offsets_fetched: false,
+                ..
+            } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// The token of this assignment while restoring: a fetch or a write started for an
+    /// earlier assignment of the partition carries another.
+    pub fn restoring_token(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Restoring { token, .. } => Some(token),
+            Phase::Active => None,
+        }
+    }
+
+    /// The node whose barrier the replay read last: the partition's previous owner, as far
+    /// as `timers` tells.
+    pub fn previous_owner(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Restoring { previous_owner, .. } => previous_owner.as_deref(),
+            Phase::Active => None,
+        }
+    }
+
     pub fn is_active(&self) -> bool {
         matches!(self.phase, Phase::Active)
     }
 
-    /// The token of the barrier still to be written, if it is.
+    /// The token of the barrier still to be written, once the offsets are in.
     pub fn barrier_to_write(&self) -> Option<&str> {
         match &self.phase {
             Phase::Restoring {
                 token,
+                offsets_fetched: true,
                 barrier_at_ms: None,
                 ..
             } => Some(token),
@@ -105,6 +144,15 @@ impl<M> Lifecycle<M> {
             (Phase::Active, _) => None,
             (Phase::Restoring { buffered, .. }, Event::Record(m)) => {
                 buffered.push(m);
+                None
+            }
+            (
+                Phase::Restoring {
+                    offsets_fetched, ..
+                },
+                Event::OffsetsFetched,
+            ) => {
+                *offsets_fetched = true;
                 None
             }
             (Phase::Restoring { barrier_at_ms, .. }, Event::BarrierCommitted { at_ms }) => {
@@ -161,6 +209,10 @@ mod tests {
     #[test]
     fn records_wait_for_the_barrier_then_apply_in_order() {
         let mut l = restoring();
+        assert_eq!(l.offsets_to_fetch(), Some("n2/1/7/1000"));
+        assert_eq!(l.barrier_to_write(), None, "not before the offsets are in");
+        assert_eq!(l.on(Event::OffsetsFetched), None);
+        assert_eq!(l.offsets_to_fetch(), None);
         assert_eq!(l.barrier_to_write(), Some("n2/1/7/1000"));
         assert_eq!(l.on(Event::Record(1)), None);
         assert_eq!(l.on(Event::BarrierCommitted { at_ms: 1_100 }), None);
@@ -202,6 +254,7 @@ mod tests {
             token: b"n1/4/7/300",
         };
         assert_eq!(l.on(theirs), None);
+        assert_eq!(l.previous_owner(), Some("n1"));
         // Not before our barrier committed, however long it takes to write it.
         assert_eq!(l.on(Event::Tick { now_ms: 10_000 }), None);
         l.on(Event::BarrierCommitted { at_ms: 10_000 });

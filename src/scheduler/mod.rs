@@ -12,12 +12,15 @@ mod producer;
 
 pub use deliver::{look_up as look_up_target, Target};
 pub use engine::other_tenants_job;
+pub use producer::HOLD_TRANSACTION_ENV;
 pub mod fair;
 pub mod fire;
 pub mod lane;
 pub mod lifecycle;
 pub mod progress;
 pub mod store;
+pub mod takeover;
+pub mod view;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -15,6 +15,7 @@
 //! they are (the job behind them is set aside, or the run sent to `dead`).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::deliver;
 use super::SchedulerError;
@@ -34,6 +35,12 @@ type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
 /// How long one call into a transaction may wait for the coordinator.
 pub(super) const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one poll for delivery reports waits while a commit awaits them.
+const DELIVERY_POLL: Duration = Duration::from_millis(1);
+/// A hook for tests of takeover, not a setting: while the file this variable names exists, a
+/// transaction about to commit (its records acknowledged, its offsets sent) waits, after
+/// creating `FILE.held`. A test then stops or kills the node with a transaction open.
+pub const HOLD_TRANSACTION_ENV: &str = "TOCSIN_TEST_HOLD_TRANSACTION";
 
 /// What a producer error means for the producer that returned it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +159,8 @@ pub(super) struct TxnProducer {
     inner: BaseProducer<DeliveryContext>,
     /// The producer was recreated and its `init_transactions` has not succeeded yet.
     uninitialised: bool,
+    /// The test hook's file ([`HOLD_TRANSACTION_ENV`]).
+    hold: Option<PathBuf>,
 }
 
 impl TxnProducer {
@@ -162,6 +171,7 @@ impl TxnProducer {
             node_id: node_id.to_owned(),
             timers_topic: timers_topic.to_owned(),
             uninitialised: true,
+            hold: std::env::var_os(HOLD_TRANSACTION_ENV).map(PathBuf::from),
         })
     }
 
@@ -203,6 +213,7 @@ impl TxnProducer {
     pub fn begin(&mut self) -> Result<()> {
         self.ensure_initialised()?;
         self.inner.begin_transaction()?;
+        debug!("transaction begun");
         Ok(())
     }
 
@@ -223,16 +234,54 @@ impl TxnProducer {
         offsets: &TopicPartitionList,
         group: Option<ConsumerGroupMetadata>,
     ) -> Result<()> {
+        let started = Instant::now();
         if offsets.count() > 0 {
             let meta = group.ok_or(SchedulerError::NoGroupMetadata)?;
             self.inner
                 .send_offsets_to_transaction(offsets, &meta, TXN_TIMEOUT)?;
         }
+        let offsets_sent = started.elapsed();
+        self.await_deliveries();
+        if offsets.count() > 0 {
+            self.hold_for_test();
+        }
         self.inner.commit_transaction(TXN_TIMEOUT)?;
+        debug!(
+            offsets = offsets.count(),
+            offsets_ms = offsets_sent.as_millis() as u64,
+            commit_ms = (started.elapsed() - offsets_sent).as_millis() as u64,
+            "transaction committed"
+        );
         if let Some(e) = self.inner.context().failed.lock().unwrap().take() {
             return Err(SchedulerError::Delivery(e));
         }
         Ok(())
+    }
+
+    /// The test hook ([`HOLD_TRANSACTION_ENV`]): waits while its file exists.
+    fn hold_for_test(&self) {
+        let Some(path) = self.hold.as_ref().filter(|p| p.exists()) else {
+            return;
+        };
+        let held = path.with_extension("held");
+        if let Err(e) = std::fs::write(&held, b"") {
+            warn!(path = %held.display(), error = %e, "test hook: could not say the transaction is held");
+        }
+        warn!(path = %path.display(), "test hook: holding a transaction open while this file exists");
+        while path.exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Serves delivery reports until every record sent is acknowledged (or the transaction's
+    /// time is up; the commit then reports it). rust-rdkafka's `commit_transaction` flushes
+    /// first, but its flush polls in whole 100 ms slices while anything is in flight, so a
+    /// commit called with records outstanding cost 100, 200, 300 ms: it waited here instead.
+    fn await_deliveries(&self) {
+        let deadline = Instant::now() + TXN_TIMEOUT;
+        while self.inner.in_flight_count() > 0 && Instant::now() < deadline {
+            self.inner.poll(DELIVERY_POLL);
+        }
     }
 
     /// Aborts the open transaction and returns what the broker refused in it. An abort that
@@ -256,6 +305,9 @@ impl TxnProducer {
             }
         };
         refused.append(self.take_refusals());
+        if result.is_ok() {
+            debug!("transaction aborted");
+        }
         if let Err(e) = result {
             warn!(error = %e, "abort_transaction failed; recreating the producer");
             match self.recreate() {
@@ -331,14 +383,27 @@ pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
     let result = c
         .create::<BaseProducer>()
         .and_then(|p| p.init_transactions(TXN_TIMEOUT));
-    match result {
-        Ok(()) => info!(
-            previous_owner = owner,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "fenced the previous owner's open transaction"
-        ),
-        Err(e) => warn!(previous_owner = owner, error = %e, "could not fence the previous owner"),
-    }
+    crate::telemetry::fenced(owner, started.elapsed(), result.map_err(|e| e.to_string()));
+}
+
+/// Whether `e` says this node was fenced: its producer by a newer one with its transactional
+/// id, or its group member by a newer epoch (it lost its partitions).
+pub(super) fn fenced(e: &SchedulerError) -> bool {
+    let SchedulerError::Kafka(k) = e else {
+        return false;
+    };
+    matches!(
+        k.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::FencedMemberEpoch
+                | RDKafkaErrorCode::StaleMemberEpoch
+                | RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::IllegalGeneration
+        )
+    )
 }
 
 fn new_producer(

@@ -298,6 +298,63 @@ impl Store {
         Ok((count, max_seq))
     }
 
+    /// Calls `f` with each timer of `partition` whose job id sorts after `after`, in id order,
+    /// until it returns false. Read-only (the API's view reads from another thread than the
+    /// engine's): it never touches the scan floors.
+    pub fn timers_after(
+        &self,
+        partition: u16,
+        after: &str,
+        mut f: impl FnMut(TimerState) -> bool,
+    ) -> Result<()> {
+        let prefix = partition.to_be_bytes();
+        let start = timer_key(partition, after);
+        for item in self.partition_iter(CF_TIMERS, partition, &start) {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if &k[2..] == after.as_bytes() {
+                continue;
+            }
+            let job = String::from_utf8_lossy(&k[2..]).into_owned();
+            let state = split_seq(&v)
+                .map(|(_, encoded)| codec::decode::<TimerState>(encoded))
+                .transpose()
+                .map_err(|source| StoreError::Corrupt {
+                    partition,
+                    job,
+                    source,
+                })?;
+            if let Some(state) = state {
+                if !f(state) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How many index entries of `partition` wake at or before `upto_ms`, counting to `cap` at
+    /// most. Read-only, unlike [`Store::due`]: setting a floor from a thread other than the
+    /// engine's could raise it past an entry the engine just wrote, which would never fire.
+    pub fn count_due(&self, partition: u16, upto_ms: i64, cap: usize) -> Result<usize> {
+        let start = due_key(partition, self.floor(partition), "");
+        let mut n = 0;
+        for item in self.partition_iter(CF_DUE, partition, &start) {
+            let (k, _) = item?;
+            if n >= cap
+                || k.len() < 10
+                || k[..2] != partition.to_be_bytes()
+                || instant_from_key(&k[2..10]) > upto_ms
+            {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
     pub fn write(&self, batch: Batch) -> Result<()> {
         self.db.write(batch.inner)?;
         let mut floors = self.floors.lock().unwrap();
@@ -573,6 +630,36 @@ mod tests {
         drop(store);
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(due(&store, 10_000), vec![("b".into(), 1_000)]);
+    }
+
+    #[test]
+    fn the_read_only_views_list_timers_and_count_what_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for (job, wake) in [("b", 1_000), ("a", 2_000), ("c", 9_000)] {
+            move_timer(&store, job, None, wake);
+        }
+        move_timer(&store, "other", None, 1_000);
+        let mut seen = Vec::new();
+        store
+            .timers_after(3, "a", |t| {
+                seen.push(t.definition.id);
+                true
+            })
+            .unwrap();
+        assert_eq!(seen, ["b", "c", "other"]);
+        let mut first = Vec::new();
+        store
+            .timers_after(3, "", |t| {
+                first.push(t.definition.id);
+                false
+            })
+            .unwrap();
+        assert_eq!(first, ["a"]);
+        assert_eq!(store.count_due(3, 2_000, 100).unwrap(), 3);
+        assert_eq!(store.count_due(3, 2_000, 2).unwrap(), 2);
+        assert_eq!(store.count_due(3, 500, 100).unwrap(), 0);
+        assert_eq!(store.count_due(4, 10_000, 100).unwrap(), 0);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! handler that an embedding program registered.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,26 +46,57 @@ pub struct Handlers {
     pub output_limit: usize,
 }
 
+/// Why the handlers could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlersError {
+    #[error("invalid setting worker.http.ca_file = {path:?}: {reason}")]
+    CaFile { path: String, reason: String },
+    #[error("could not build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+/// The certificates of a PEM file (one or more `BEGIN CERTIFICATE` blocks).
+pub fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, HandlersError> {
+    let fail = |reason: String| HandlersError::CaFile {
+        path: path.display().to_string(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| fail(format!("is not PEM: {}", error_chain(&e))))?;
+    if certs.is_empty() {
+        return Err(fail("holds no PEM certificate (BEGIN CERTIFICATE)".into()));
+    }
+    Ok(certs)
+}
+
 impl Handlers {
+    /// `ca_file`: certificates trusted for `https` targets besides the platform's (the CA of
+    /// internal services).
     pub fn new(
         producer: FutureProducer,
         custom: HashMap<String, Arc<dyn Handler>>,
         policy: Policy,
-    ) -> Handlers {
+        ca_file: Option<&Path>,
+    ) -> Result<Handlers, HandlersError> {
         let policy = Arc::new(policy);
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
+            .use_rustls_tls()
             .dns_resolver(Arc::new(policy::GuardedResolver(policy.clone())))
             .redirect(policy::redirect_policy(policy.clone()))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()
-            .expect("an HTTP client without TLS settings builds");
-        Handlers {
+            .pool_idle_timeout(Duration::from_secs(60));
+        if let Some(path) = ca_file {
+            for cert in ca_certificates(path)? {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        Ok(Handlers {
             producer,
-            http,
+            http: http.build().map_err(HandlersError::Client)?,
             custom,
             policy,
             output_limit: 64 * 1024,
-        }
+        })
     }
 
     pub async fn call(&self, run: &Run) -> HandlerResult {
@@ -178,12 +210,85 @@ impl Handlers {
                     retry,
                 }
             }
-            Err(e) => HandlerResult::Failed {
-                error: format!("request to {} failed: {e}", run.handler.target),
-                retry: true,
+            Err(e) => match certificate_error(&e) {
+                // The same certificate is presented again seconds later: not retried, as a 404.
+                Some(why) => HandlerResult::Failed {
+                    error: format!("request to {} failed: TLS: {why}", run.handler.target),
+                    retry: false,
+                },
+                None => HandlerResult::Failed {
+                    error: format!(
+                        "request to {} failed: {}",
+                        run.handler.target,
+                        error_chain(&e)
+                    ),
+                    retry: true,
+                },
             },
         }
     }
+}
+
+/// `e` and its causes, `: `-separated (reqwest's own message names only the URL; the cause,
+/// such as a refused connection or a bad certificate, is further down).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+        cause = c.source();
+    }
+    parts.join(": ")
+}
+
+/// What is wrong with the server's certificate, when that is why `e` failed.
+fn certificate_error(e: &reqwest::Error) -> Option<String> {
+    rustls_cause(e).map(describe_tls)
+}
+
+/// The rustls error among `e` and its causes. It comes wrapped in io::Errors (tokio-rustls's, in
+/// hyper-rustls's), whose `source` skips the error they wrap: they are unwrapped by hand.
+fn rustls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        let inner: &(dyn std::error::Error + 'static) = inner;
+        if let Some(tls) = rustls_cause(inner) {
+            return Some(tls);
+        }
+    }
+    e.source().and_then(rustls_cause)
+}
+
+fn describe_tls(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    let why = match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => "the server's certificate is signed by a CA this worker does not \
+                                 trust (neither the platform's nor worker.http.ca_file)"
+                .to_owned(),
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                "the server's certificate is not valid for the target's host name".to_owned()
+            }
+            C::Expired | C::ExpiredContext { .. } => {
+                "the server's certificate has expired".to_owned()
+            }
+            C::NotValidYet | C::NotValidYetContext { .. } => {
+                "the server's certificate is not valid yet".to_owned()
+            }
+            C::Revoked => "the server's certificate is revoked".to_owned(),
+            _ => "the server's certificate was refused".to_owned(),
+        },
+        _ => "the TLS handshake failed".to_owned(),
+    };
+    format!("{why} ({e})")
 }
 
 /// Runs `program` (the run's target as the policy resolved it): argv from the handler, the run

@@ -30,6 +30,7 @@ use crate::config::Config;
 use crate::history::{self, Known, Reporter, NODE_HEADER};
 use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
 use crate::node::NowFn;
+use crate::telemetry::{self, RunOutcome};
 pub use handler::{Handler, HandlerResult, Handlers};
 use ledger::Ledger;
 use offsets::Taken;
@@ -41,6 +42,8 @@ pub enum WorkerError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("ledger: {0}")]
     Ledger(#[from] rocksdb::Error),
+    #[error(transparent)]
+    Handlers(#[from] handler::HandlersError),
     #[error("could not create data directory {path}: {source}")]
     DataDir {
         path: PathBuf,
@@ -69,6 +72,10 @@ pub struct WorkerOptions {
     /// The longest a revoked lane partition waits for the runs started from it before it is
     /// given back (they may then run again on the next owner). Default 30 s.
     pub revoke_wait: Duration,
+    /// Whether the ledger can write, for the worker's `/readyz` and `/status`.
+    pub ledger_health: Arc<crate::node::StoreHealth>,
+    /// Set when the group first assigns this worker lane partitions.
+    pub assigned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl WorkerOptions {
@@ -79,6 +86,8 @@ impl WorkerOptions {
             custom: HashMap::new(),
             heartbeat: Duration::from_secs(5),
             revoke_wait: Duration::from_secs(30),
+            ledger_health: Arc::default(),
+            assigned: Arc::default(),
         }
     }
 }
@@ -109,7 +118,11 @@ pub async fn run(
         path: dir.clone(),
         source,
     })?;
-    let ledger = Ledger::open(&dir, config.worker.ledger_retention_ms as i64)?;
+    let ledger = Ledger::open_with(
+        &dir,
+        config.worker.ledger_retention_ms as i64,
+        opts.ledger_health.clone(),
+    )?;
     let producer: FutureProducer = crate::kafka::producer_config(&config).create()?;
     let group = format!("tocsin-worker-{}", config.worker.pool);
     let mut cc = crate::kafka::consumer_config(&config, &group);
@@ -120,8 +133,10 @@ pub async fn run(
     for (k, v) in &config.kafka {
         cc.set(k, v);
     }
-    let consumer: StreamConsumer<LaneContext> =
-        cc.create_with_context(LaneContext::new(opts.revoke_wait))?;
+    let consumer: StreamConsumer<LaneContext> = cc.create_with_context(LaneContext::reporting(
+        opts.revoke_wait,
+        opts.assigned.clone(),
+    ))?;
     // Every lane (`*`): the worker finds the lanes in the broker's metadata itself and
     // subscribes to them by name, looking again every `LANE_DISCOVERY`. (A regex subscription
     // is resolved by the broker under KIP-848, which looks for new topics at most every 10 s:
@@ -155,7 +170,8 @@ pub async fn run(
         producer.clone(),
         std::mem::take(&mut opts.custom),
         policy::Policy::new(&config),
-    );
+        config.worker.http.ca_file.as_deref(),
+    )?;
     let shared = Arc::new(Shared {
         global: Semaphore::new(config.worker.concurrency),
         config,
@@ -175,6 +191,11 @@ pub async fn run(
         shared.config.worker.ledger_prune_interval_ms,
     ));
     let mut pruning: Option<tokio::task::JoinHandle<()>> = None;
+    // While the ledger cannot write, it is tried again every second; a try that overran is
+    // not made up for.
+    let mut recover_tick = tokio::time::interval(LEDGER_RECOVERY);
+    recover_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recovering: Option<tokio::task::JoinHandle<()>> = None;
     let mut discovery_tick = tokio::time::interval(LANE_DISCOVERY);
     // A look that overran its tick is not made up for: the next one starts a tick later.
     discovery_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -211,6 +232,13 @@ pub async fn run(
                     if pruned > 0 {
                         info!(pruned, "ledger entries past the retention dropped");
                     }
+                }));
+            }
+            _ = recover_tick.tick(), if recovering.as_ref().is_none_or(|r| r.is_finished())
+                && shared.ledger.failing().is_some() => {
+                let shared = shared.clone();
+                recovering = Some(tokio::task::spawn_blocking(move || {
+                    shared.ledger.recover((shared.now)());
                 }));
             }
             _ = resume_tick.tick(), if !lanes.paused.lock().unwrap().is_empty() => {
@@ -304,6 +332,9 @@ fn fired_by(m: &impl Message) -> Option<String> {
     Some(String::from_utf8_lossy(h.value?).into_owned())
 }
 
+/// How often a failing ledger is tried again.
+const LEDGER_RECOVERY: Duration = Duration::from_secs(1);
+
 /// How often a worker of every lane looks for new lanes in the broker's metadata.
 const LANE_DISCOVERY: Duration = Duration::from_secs(1);
 
@@ -390,6 +421,7 @@ async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> 
         done(shared);
         return false;
     }
+    crate::telemetry::run_started(run.scheduled_ms, run.attempt, (shared.now)());
     // The `started` event is enqueued first, so it precedes the others of this run on its
     // partition, and delivered while the handler runs.
     let started_event = event(shared, &run, &known, RunEventKind::Started, None, None).await;
@@ -428,12 +460,15 @@ async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> 
     done(shared);
     settle(shared, reports).await;
     let now = (shared.now)();
+    // A ledger that cannot write keeps the keys in memory and says so, rate-limited.
     for key in finished {
-        if let Err(e) = shared.ledger.record(&key, now) {
-            warn!(error = %e, "ledger write failed");
-        }
+        shared.ledger.record(&key, now);
     }
     true
+}
+
+fn took(duration_ms: u64) -> Duration {
+    Duration::from_millis(duration_ms)
 }
 
 /// Enqueues the reports of an attempt's outcome on `out`; returns the ledger keys to record
@@ -462,6 +497,7 @@ async fn finish(
                 .out,
             );
             out.push(completion(shared, run, Outcome::Succeeded).await);
+            telemetry::run_finished(RunOutcome::Succeeded, took(duration_ms));
             vec![run.run_id.clone()]
         }
         HandlerResult::Failed { error, retry } => {
@@ -507,6 +543,7 @@ async fn finish(
                     .await
                     .out,
                 );
+                telemetry::run_finished(RunOutcome::Retrying, took(duration_ms));
                 vec![attempt_key(run)]
             } else {
                 let dead = DeadLetter {
@@ -537,6 +574,7 @@ async fn finish(
                     .out,
                 );
                 out.push(completion(shared, run, Outcome::Dead).await);
+                telemetry::run_finished(RunOutcome::Dead, took(duration_ms));
                 vec![run.run_id.clone(), attempt_key(run)]
             }
         }

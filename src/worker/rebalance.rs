@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -36,17 +36,25 @@ pub struct LaneContext {
     /// (the worker already waited for its runs).
     closing: AtomicBool,
     max_wait: Duration,
+    /// Set at the first assignment the group hands this worker (`WorkerOptions::assigned`).
+    assigned: Arc<AtomicBool>,
 }
 
 impl LaneContext {
     /// `max_wait`: the longest a revoke waits for the runs started from its partitions.
     pub fn new(max_wait: Duration) -> LaneContext {
+        LaneContext::reporting(max_wait, Arc::default())
+    }
+
+    /// As `new`, setting `assigned` at the first assignment.
+    pub fn reporting(max_wait: Duration, assigned: Arc<AtomicBool>) -> LaneContext {
         LaneContext {
             tracker: Mutex::new(OffsetTracker::default()),
             done: Condvar::new(),
             paused: Mutex::new(HashSet::new()),
             closing: AtomicBool::new(false),
             max_wait,
+            assigned,
         }
     }
 
@@ -185,6 +193,7 @@ impl ConsumerContext for LaneContext {
                     t.assigned(&topic, p);
                 }
                 info!(partitions = tpl.count(), "lane partitions assigned");
+                self.assigned.store(true, Ordering::Relaxed);
             }
             Rebalance::Revoke(tpl) => self.revoke(consumer, tpl),
             Rebalance::Error(e) => warn!(error = %e, "lane rebalance error"),

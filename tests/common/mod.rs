@@ -9,6 +9,36 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tocsin::config::Config;
 
+/// Runs `command`, which must succeed (`what` names it in the failure, with its stderr).
+pub fn run_ok(command: &mut Command, what: &str) -> Output {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `config` with these librdkafka settings added (a login, TLS).
+pub fn with_kafka(config: &Config, settings: &[(&str, &str)]) -> Config {
+    let mut c = config.clone();
+    for (k, v) in settings {
+        c.kafka.insert(k.to_string(), v.to_string());
+    }
+    c
+}
+
+/// The password of `user` in `users`, a `name:password` list, comma-separated.
+pub fn password_of(users: &'static str, user: &str) -> &'static str {
+    users
+        .split(',')
+        .find_map(|u| u.trim().strip_prefix(&format!("{user}:")))
+        .unwrap_or_else(|| panic!("no user {user} in {users}"))
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -23,14 +53,9 @@ pub fn bootstrap() -> String {
                 return addr.trim().to_owned();
             }
         }
-        let out = Command::new(repo_root().join("scripts/kafka"))
-            .arg("start")
-            .output()
-            .expect("could not run scripts/kafka start");
-        assert!(
-            out.status.success(),
-            "scripts/kafka start failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            Command::new(repo_root().join("scripts/kafka")).arg("start"),
+            "scripts/kafka start",
         );
         String::from_utf8(out.stdout)
             .unwrap()
@@ -70,6 +95,8 @@ pub fn test_config_on(bootstrap: &str, test: &str) -> Config {
         topic_prefix: unique_prefix(test),
         ..Config::default()
     };
+    // A group of its own: the tests running at once on one broker never share one.
+    c.scheduler.group_id = format!("{}scheduler", c.topic_prefix);
     c.topics.job_partitions = 8;
     c.topics.lane_partitions = 2;
     c.topics.runs_partitions = 2;
@@ -137,6 +164,11 @@ impl Drop for TopicsGuard {
                 .build()
                 .unwrap();
             let admin = tocsin::kafka::admin::Admin::new(&config).ok()?;
+            // The test's own scheduler group (`test_config_on`) goes too.
+            let group = &config.scheduler.group_id;
+            if group.starts_with(&config.topic_prefix) {
+                let _ = rt.block_on(admin.delete_groups(&[group.as_str()]));
+            }
             rt.block_on(admin.delete_prefixed(config.topic_prefix.trim_end_matches('.')))
                 .ok()
         })
@@ -291,11 +323,7 @@ pub mod fleet {
         config.topics.job_partitions = job_partitions;
         config.scheduler.data_dir = dir.path().join("sched");
         config.worker.data_dir = dir.path().join("work");
-        tocsin::kafka::admin::Admin::new(&config)
-            .unwrap()
-            .ensure(&tocsin::kafka::admin::fleet_topics(&config))
-            .await
-            .unwrap();
+        ensure_fleet_topics(&config).await;
         let topics = super::TopicsGuard::new(&config);
         (
             config,
@@ -304,6 +332,15 @@ pub mod fleet {
                 _topics: topics,
             },
         )
+    }
+
+    /// Creates the fleet's topics of `config` (logged in as `config` says).
+    pub async fn ensure_fleet_topics(config: &Config) {
+        tocsin::kafka::admin::Admin::new(config)
+            .unwrap()
+            .ensure(&tocsin::kafka::admin::fleet_topics(config))
+            .await
+            .unwrap();
     }
 
     pub fn now_ms() -> i64 {
@@ -325,6 +362,18 @@ pub mod fleet {
         JobDefinition {
             timeout_ms: 60_000,
             ..JobDefinition::new(id, tenant, schedule, handler)
+        }
+    }
+
+    /// An http handler POSTing a small JSON body to `url`.
+    pub fn http(url: &str) -> HandlerSpec {
+        HandlerSpec {
+            kind: HandlerKind::Http,
+            target: url.into(),
+            payload: b"{\"hello\":1}".to_vec(),
+            headers: Default::default(),
+            method: Some("POST".into()),
+            args: vec![],
         }
     }
 
@@ -408,6 +457,46 @@ pub mod fleet {
         produce_raw(config, "jobs", &records).await;
     }
 
+    /// A run as the scheduler would fire it now, put straight on its tenant's lane by `put_runs`.
+    pub fn lane_run(id: &str, tenant: &str, handler: HandlerSpec) -> Run {
+        let at = now_ms();
+        Run {
+            run_id: tocsin::model::records::run_id(id, at),
+            job_id: id.into(),
+            tenant: tenant.into(),
+            scheduled_ms: at,
+            fire_ms: at,
+            attempt: 1,
+            reason: tocsin::model::records::FireReason::Schedule,
+            handler,
+            timeout_ms: 10_000,
+            retry: tocsin::model::job::RetryPolicy {
+                max_attempts: 3,
+                backoff_base_ms: 500,
+                backoff_cap_ms: 1_000,
+            },
+            labels: Default::default(),
+        }
+    }
+
+    /// Puts `runs` on their tenants' lanes, one producer for each lane's records (in order).
+    pub async fn put_runs(config: &Config, runs: &[Run]) {
+        type Records = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+        let mut by_lane: BTreeMap<String, Records> = BTreeMap::new();
+        for r in runs {
+            let lane = config.lane_topic(&r.tenant);
+            let topic = lane.strip_prefix(&config.topic_prefix).unwrap().to_owned();
+            let value = codec::encode(r, &Framing::SingleObject);
+            by_lane
+                .entry(topic)
+                .or_default()
+                .push((r.job_id.clone().into_bytes(), Some(value)));
+        }
+        for (topic, records) in by_lane {
+            produce_raw(config, &topic, &records).await;
+        }
+    }
+
     pub async fn delete_job(config: &Config, id: &str) {
         produce_raw(config, "jobs", &[(id.as_bytes().to_vec(), None)]).await;
     }
@@ -452,8 +541,43 @@ pub mod fleet {
             )
         }
 
+        /// As `spawn`, in a directory `dir/ID` of its own (its config file is written there).
+        pub fn spawn_in(config: &Config, dir: &Path, id: &str, args: &[&str]) -> Node {
+            let dir = dir.join(id);
+            std::fs::create_dir_all(&dir).unwrap();
+            Node::spawn(config, &dir, id, args)
+        }
+
+        /// A worker of pool `tenant` on that tenant's lane alone, allowed to exec `/bin/sh`, in a
+        /// directory of its own.
+        pub fn tenant_worker(config: &Config, dir: &Path, tenant: &str, id: &str) -> Node {
+            let args = [
+                "worker",
+                "--pool",
+                tenant,
+                "--lanes",
+                tenant,
+                "--worker-id",
+                id,
+                "--allow-exec",
+                "/bin/sh",
+            ];
+            Node::spawn_in(config, dir, id, &args)
+        }
+
         /// Any `tocsin` subcommand, with the config written to `dir` and its log there.
         pub fn spawn(config: &Config, dir: &Path, id: &str, args: &[&str]) -> Node {
+            Node::spawn_env(config, dir, id, args, &[])
+        }
+
+        /// As `spawn`, with these environment variables set.
+        pub fn spawn_env(
+            config: &Config,
+            dir: &Path,
+            id: &str,
+            args: &[&str],
+            env: &[(&str, &std::ffi::OsStr)],
+        ) -> Node {
             let cfg_path = dir.join("tocsin.toml");
             if !cfg_path.exists() {
                 std::fs::write(&cfg_path, toml::to_string(config).unwrap()).unwrap();
@@ -464,15 +588,14 @@ pub mod fleet {
                 .append(true)
                 .open(&log)
                 .unwrap();
+            // `TOCSIN_TEST_NODE_LOG` sets the nodes' log filter, to diagnose a failing test.
+            let filter = std::env::var("TOCSIN_TEST_NODE_LOG")
+                .unwrap_or_else(|_| "info,librdkafka=warn".to_owned());
             let child = super::tocsin()
                 .env_remove("TOCSIN_BOOTSTRAP")
                 .env_remove("TOCSIN_TOPIC_PREFIX")
-                .args([
-                    "--config",
-                    cfg_path.to_str().unwrap(),
-                    "--log",
-                    "info,librdkafka=warn",
-                ])
+                .envs(env.iter().copied())
+                .args(["--config", cfg_path.to_str().unwrap(), "--log", &filter])
                 .args(args)
                 .stdout(Stdio::null())
                 .stderr(out)
@@ -649,6 +772,25 @@ pub mod topics {
             .map(|(_, v)| tocsin::codec::decode(&v).expect("a runs record that is not a RunEvent"))
             .collect()
     }
+
+    /// How often run `run_id` was started, in `events`.
+    pub fn starts(events: &[tocsin::model::records::RunEvent], run_id: &str) -> usize {
+        use tocsin::model::records::RunEventKind;
+        events
+            .iter()
+            .filter(|e| e.run_id == run_id && e.kind == RunEventKind::Started)
+            .count()
+    }
+
+    /// The records on `dead`.
+    pub fn dead_letters(config: &Config) -> Vec<tocsin::model::records::DeadLetter> {
+        read_all(config, "dead", Duration::from_millis(500))
+            .into_iter()
+            .map(|(_, v)| {
+                tocsin::codec::decode(&v).expect("a dead record that is not a DeadLetter")
+            })
+            .collect()
+    }
 }
 
 /// Asking a node's HTTP endpoint (`/healthz`, `/readyz`, `/status`, `/metrics`).
@@ -740,6 +882,20 @@ pub mod broker {
 
         pub fn stop(&self) {
             self.run(&["stop"]);
+        }
+
+        /// `scripts/acl-recipe` on this broker, as its admin user, for topics under `prefix`:
+        /// the principals `User:scheduler` and alice's worker `User:worker-alice`, and those
+        /// of `more` (its flags as they are).
+        pub fn acl_recipe(&self, prefix: &str, more: &[&str]) {
+            super::run_ok(
+                Command::new(super::repo_root().join("scripts/acl-recipe"))
+                    .env("TOCSIN_KAFKA_STATE", &self.state)
+                    .args(["--prefix", prefix, "--scheduler", "User:scheduler"])
+                    .args(["--worker", "alice=User:worker-alice"])
+                    .args(more),
+                "scripts/acl-recipe",
+            );
         }
 
         /// Starts it again after `stop`, on the same address (the script refuses otherwise).
