@@ -28,12 +28,16 @@ pub const FENCES: &str = "tocsin_fences_total";
 pub const REBALANCES: &str = "tocsin_rebalances_total";
 pub const REJECTED: &str = "tocsin_records_rejected_total";
 pub const PARTITIONS: &str = "tocsin_scheduler_partitions";
+/// Runs due and not yet fired, found by the latest scan.
+pub const DUE: &str = "tocsin_scheduler_due_runs";
 /// Worker lag: from a run's scheduled instant to its handler's start (first attempts).
 pub const WORKER_LAG: &str = "tocsin_worker_lag_seconds";
 /// A handler's run, start to result.
 pub const HANDLER_DURATION: &str = "tocsin_handler_duration_seconds";
 pub const WORKER_RUNS: &str = "tocsin_worker_runs_total";
 pub const RUNS_IN_FLIGHT: &str = "tocsin_worker_runs_in_flight";
+/// Lane partitions a worker paused because their tenant has too many runs waiting.
+pub const LANES_PAUSED: &str = "tocsin_worker_lanes_paused";
 
 /// Bucket bounds (seconds) of the lag and duration histograms: 5 ms to 2 minutes.
 const BUCKETS: [f64; 16] = [
@@ -112,6 +116,14 @@ pub fn describe() {
         "Runs whose handler is running on this worker."
     );
     describe_gauge!(
+        DUE,
+        "Runs due and not yet fired in this node's active partitions, as the latest tick's first scan found them (a scan stops near 1,000,000, so a larger backlog shows as that; 0 when the tick found nothing due)."
+    );
+    describe_gauge!(
+        LANES_PAUSED,
+        "Lane partitions this worker paused because their tenant has too many runs waiting here."
+    );
+    describe_gauge!(
         PARTITIONS,
         "Partitions of jobs this node owns, by state: restoring, active."
     );
@@ -122,6 +134,7 @@ pub fn describe() {
 pub fn scheduler_started() {
     counter!(RUNS_FIRED).increment(0);
     counter!("tocsin_instants_missed_total").increment(0);
+    gauge!(DUE).set(0.0);
     for reason in ["refused", "fenced", "broker"] {
         counter!(ABORTS, "reason" => reason).increment(0);
     }
@@ -261,6 +274,11 @@ pub fn partitions(restoring: usize, active: usize) {
     gauge!(PARTITIONS, "state" => "active").set(active as f64);
 }
 
+/// A tick's first scan found `runs` due (a scan is bounded, so the backlog may be larger).
+pub fn due_scanned(runs: usize) {
+    gauge!(DUE).set(runs as f64);
+}
+
 /// A worker starts `attempt` of a run scheduled at `scheduled_ms`, at `now_ms`.
 pub fn run_started(scheduled_ms: i64, attempt: u32, now_ms: i64) {
     if attempt == 1 {
@@ -295,6 +313,12 @@ pub fn worker_started() {
         counter!(WORKER_RUNS, "outcome" => outcome).increment(0);
     }
     gauge!(RUNS_IN_FLIGHT).set(0.0);
+    gauge!(LANES_PAUSED).set(0.0);
+}
+
+/// A worker has `lanes` lane partitions paused for their tenants' backlogs.
+pub fn lanes_paused(lanes: usize) {
+    gauge!(LANES_PAUSED).set(lanes as f64);
 }
 
 /// The label of `tenant`: its own for the first `MAX_TENANT_LABELS` tenants this process

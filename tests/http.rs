@@ -140,6 +140,11 @@ async fn nodes_serve_health_readiness_metrics_and_status() {
         Some(partitions as f64),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("# TYPE tocsin_scheduler_due_runs gauge")
+            && sample(&metrics, "tocsin_scheduler_due_runs").is_some(),
+        "no due backlog gauge:\n{metrics}"
+    );
     assert_eq!(
         sample(&metrics, "tocsin_tenant_runs_fired_total{tenant=\"acme\"}").map(|v| v >= 2.0),
         Some(true),

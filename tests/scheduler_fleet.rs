@@ -4,7 +4,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::fleet::*;
 use common::http::{free_addr, get};
@@ -217,8 +217,15 @@ async fn a_paused_zombie_is_fenced() {
         || active_count(&n2) > before && n2.holds() == parts,
     );
     // The survivor fenced the zombie itself: the broker's own abort (after the transaction
-    // timeout) would have freed the partitions too, but counts no fence.
-    let fences = fences_done(n2_http);
+    // timeout) would have freed the partitions too, but counts no fence. The fence's
+    // `init_transactions` answers a little after the abort it caused freed the partitions, so
+    // the count may lag their activation by a moment.
+    let counted = Instant::now() + Duration::from_secs(10);
+    let mut fences = fences_done(n2_http);
+    while fences == 0 && Instant::now() < counted {
+        std::thread::sleep(Duration::from_millis(200));
+        fences = fences_done(n2_http);
+    }
     assert!(
         fences >= 1,
         "n2 took over without fencing n1 (tocsin_fences_total{{outcome=\"done\"}} = {fences}):\n{}",

@@ -8,9 +8,10 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::fleet::*;
+use common::http::{free_addr, get};
 use common::topics::{dead_letters, events, read_all, starts};
 use tocsin::codec::{self, Framing};
 use tocsin::model::job::{
@@ -407,6 +408,8 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     let mut calm = job("calm", "calm", every(1_000));
     calm.handler = to_sink(b"calm");
 
+    let worker_http = free_addr();
+    config.worker.http_listen = worker_http.to_string();
     let node = Node::start(&config, dir.path(), "s1");
     let parts = config.topics.job_partitions as usize;
     wait_until(Duration::from_secs(60), "the scheduler active", || {
@@ -414,7 +417,18 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     });
     put_jobs(&config, &[calm]).await;
     let worker = Node::worker(&config, dir.path(), "w1", "p");
-    std::thread::sleep(Duration::from_secs(20));
+    // The worker's `/metrics` while the flood lasts: the flood's lane partitions paused.
+    let mut most_paused = 0.0f64;
+    let watch_until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < watch_until {
+        let paused = get(worker_http, "/metrics").and_then(|(_, body)| {
+            body.lines()
+                .find_map(|l| l.strip_prefix("tocsin_worker_lanes_paused "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        });
+        most_paused = most_paused.max(paused.unwrap_or(0.0));
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let t_end = now_ms();
     drop(worker);
     drop(node);
@@ -461,6 +475,10 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     assert!(
         delays.len() >= 5,
         "too few calm runs while the flood lasted to judge: {delays:?}"
+    );
+    assert!(
+        most_paused >= 1.0,
+        "tocsin_worker_lanes_paused never showed the flood's lane paused (most {most_paused})"
     );
     // Starved, the calm run would wait behind the whole backlog (tens of seconds).
     assert!(

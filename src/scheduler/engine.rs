@@ -957,13 +957,14 @@ impl Engine {
             .map(|(p, _)| *p)
             .collect();
         if active.is_empty() {
+            telemetry::due_scanned(0);
             return Ok(());
         }
         // A partition whose scan stopped at its share of the limit is scanned again in the
         // same tick, until nothing due is left (or `SCAN_ROUNDS`: a timer that cannot move
         // on, such as one whose stored schedule no longer parses, must not hold the tick).
         let mut scan = active;
-        for _ in 0..SCAN_ROUNDS {
+        for round in 0..SCAN_ROUNDS {
             let scanned = Instant::now();
             let mut due = Vec::new();
             let per_partition = (SCAN_LIMIT / scan.len()).max(1_000);
@@ -974,6 +975,9 @@ impl Engine {
                 if due.len() - before >= per_partition {
                     truncated.push(*p);
                 }
+            }
+            if round == 0 {
+                telemetry::due_scanned(due.len());
             }
             if due.is_empty() {
                 return Ok(());

@@ -380,10 +380,15 @@ pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
         "transaction.timeout.ms",
         config.scheduler.transaction_timeout_ms.to_string(),
     );
-    let result = c
-        .create::<BaseProducer>()
-        .and_then(|p| p.init_transactions(TXN_TIMEOUT));
-    crate::telemetry::fenced(owner, started.elapsed(), result.map_err(|e| e.to_string()));
+    // Counted as soon as `init_transactions` answers: dropping the producer (librdkafka's
+    // destroy) comes after, and can take a while.
+    match c.create::<BaseProducer>() {
+        Ok(p) => {
+            let result = p.init_transactions(TXN_TIMEOUT);
+            crate::telemetry::fenced(owner, started.elapsed(), result.map_err(|e| e.to_string()));
+        }
+        Err(e) => crate::telemetry::fenced(owner, started.elapsed(), Err(e.to_string())),
+    }
 }
 
 /// Whether `e` says this node was fenced: its producer by a newer one with its transactional

@@ -255,6 +255,7 @@ pub async fn run(
                         true
                     }
                 });
+                telemetry::lanes_paused(lanes.paused.lock().unwrap().len());
             }
             msg = consumer.recv() => {
                 let m = match msg {
@@ -282,12 +283,14 @@ pub async fn run(
                     e.1 += 1;
                     e.1
                 };
-                if waiting > per_tenant * PAUSE_ABOVE
-                    && lanes.paused.lock().unwrap().insert((topic.clone(), partition, run.tenant.clone()))
-                {
-                    let mut tpl = TopicPartitionList::new();
-                    tpl.add_partition(&topic, partition);
-                    let _ = consumer.pause(&tpl);
+                if waiting > per_tenant * PAUSE_ABOVE {
+                    let mut paused = lanes.paused.lock().unwrap();
+                    if paused.insert((topic.clone(), partition, run.tenant.clone())) {
+                        let mut tpl = TopicPartitionList::new();
+                        tpl.add_partition(&topic, partition);
+                        let _ = consumer.pause(&tpl);
+                        telemetry::lanes_paused(paused.len());
+                    }
                 }
                 let known = Known {
                     fired_ms: Some(run.fire_ms),

@@ -175,6 +175,7 @@ impl LaneContext {
             !revoked
         });
         if resume.count() > 0 {
+            crate::telemetry::lanes_paused(self.paused.lock().unwrap().len());
             if let Err(e) = consumer.resume(&resume) {
                 warn!(error = %e, "could not resume revoked lanes");
             }
