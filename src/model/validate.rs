@@ -142,6 +142,13 @@ pub enum ValidationError {
          with `__` are the broker's)"
     )]
     InternalTargetTopic { job: String, topic: String },
+    #[error(
+        "the {kind} handler of job {job:?} has an empty target: it names the topic (kafka), \
+         the URL (http), the program (exec) or the registered handler (custom) a run goes to"
+    )]
+    EmptyTarget { job: String, kind: &'static str },
+    #[error("http target {target:?} for job {job:?} is not an http:// or https:// URL")]
+    HttpTargetNotUrl { job: String, target: String },
     #[error("timeout {timeout_ms} ms for job {job:?} is outside 1-{MAX_TIMEOUT_MS} ms")]
     TimeoutOutOfRange { job: String, timeout_ms: u64 },
     #[error("end {} for job {job:?} is not after start {}", iso(.end_ms), iso(.start_ms))]
@@ -296,8 +303,31 @@ pub fn validate(
             limit: limits.max_payload_bytes,
         });
     }
-    if def.handler.kind == HandlerKind::Kafka {
-        check_target_topic(def, limits)?;
+    let target = def.handler.target.as_str();
+    match def.handler.kind {
+        HandlerKind::Kafka => check_target_topic(def, limits)?,
+        kind if target.is_empty() => {
+            return Err(ValidationError::EmptyTarget {
+                job: job.into(),
+                kind: match kind {
+                    HandlerKind::Http => "http",
+                    HandlerKind::Exec => "exec",
+                    _ => "custom",
+                },
+            })
+        }
+        HandlerKind::Http => {
+            let scheme = target
+                .split_once("://")
+                .map(|(s, _)| s.to_ascii_lowercase());
+            if !matches!(scheme.as_deref(), Some("http" | "https")) {
+                return Err(ValidationError::HttpTargetNotUrl {
+                    job: job.into(),
+                    target: target.into(),
+                });
+            }
+        }
+        _ => {}
     }
     if !(1..=MAX_TIMEOUT_MS).contains(&def.timeout_ms) {
         return Err(ValidationError::TimeoutOutOfRange {
@@ -780,6 +810,32 @@ mod tests {
         let mut def = job();
         def.handler.kind = HandlerKind::Http;
         def.handler.target = "https://example.com/tocsin.jobs".into();
+        assert!(check(&def).is_ok());
+    }
+
+    #[test]
+    fn every_handler_needs_a_target_and_an_http_one_a_url() {
+        for kind in [HandlerKind::Http, HandlerKind::Exec, HandlerKind::Custom] {
+            let got = message(|d| {
+                d.handler.kind = kind;
+                d.handler.target = String::new();
+            });
+            assert!(got.contains("has an empty target"), "{kind:?}: {got}");
+        }
+        assert_eq!(
+            message(|d| {
+                d.handler.kind = HandlerKind::Http;
+                d.handler.target = "billing.internal/run".into();
+            }),
+            "http target \"billing.internal/run\" for job \"billing-7\" is not an http:// or \
+             https:// URL"
+        );
+        let mut def = job();
+        def.handler.kind = HandlerKind::Http;
+        def.handler.target = "HTTP://127.0.0.1:8080/run".into();
+        assert!(check(&def).is_ok());
+        def.handler.kind = HandlerKind::Exec;
+        def.handler.target = "/bin/true".into();
         assert!(check(&def).is_ok());
     }
 
