@@ -354,7 +354,13 @@ impl Engine {
                     *self.status.last_error.lock().unwrap() = Some((now, e.to_string()));
                     warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "scheduler step failed; retrying");
                     std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    // Fenced (a zombie's return: a newer producer epoch, or a group member
+                    // that lost its partitions) is not the broker struggling: the producer is
+                    // recreated and the group rejoined at once, so waiting longer each time
+                    // would only delay the restore of what the group hands back.
+                    if !fenced(&e) {
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
                     if let Err(e) = self.producer.recover(&e) {
                         error!(error = %e, "could not recover the producer");
                     }
