@@ -38,6 +38,13 @@ pub const WORKER_RUNS: &str = "tocsin_worker_runs_total";
 pub const RUNS_IN_FLIGHT: &str = "tocsin_worker_runs_in_flight";
 /// Lane partitions a worker paused because their tenant has too many runs waiting.
 pub const LANES_PAUSED: &str = "tocsin_worker_lanes_paused";
+/// Records in the worker's assigned lane partitions it has not read yet (librdkafka's
+/// statistics).
+pub const LANE_LAG: &str = "tocsin_worker_lane_lag_records";
+/// Records the worker's producer holds, not yet acknowledged (librdkafka's statistics).
+pub const PRODUCER_QUEUE: &str = "tocsin_worker_producer_queue_messages";
+/// How often librdkafka reports the statistics behind [`LANE_LAG`] and [`PRODUCER_QUEUE`].
+pub const STATISTICS_INTERVAL_MS: &str = "5000";
 
 /// Bucket bounds (seconds) of the lag and duration histograms: 5 ms to 2 minutes.
 const BUCKETS: [f64; 16] = [
@@ -118,6 +125,14 @@ pub fn describe() {
     describe_gauge!(
         DUE,
         "Runs due and not yet fired in this node's active partitions, as the latest tick's first scan found them (a scan stops near 1,000,000, so a larger backlog shows as that; 0 when the tick found nothing due)."
+    );
+    describe_gauge!(
+        LANE_LAG,
+        "Records in the worker's assigned lane partitions not read yet (librdkafka's consumer_lag, summed; every 5 s)."
+    );
+    describe_gauge!(
+        PRODUCER_QUEUE,
+        "Records the worker's producer holds and the broker has not acknowledged yet (librdkafka's msg_cnt; every 5 s)."
     );
     describe_gauge!(
         LANES_PAUSED,
@@ -314,6 +329,33 @@ pub fn worker_started() {
     }
     gauge!(RUNS_IN_FLIGHT).set(0.0);
     gauge!(LANES_PAUSED).set(0.0);
+    gauge!(LANE_LAG).set(0.0);
+    gauge!(PRODUCER_QUEUE).set(0.0);
+}
+
+/// librdkafka's statistics of a worker's lane consumer: the lag summed over the partitions it
+/// is assigned (a partition it is not assigned reports -1 and counts nothing).
+pub fn lane_consumer_statistics(stats: &rdkafka::Statistics) {
+    let lag: i64 = (stats.topics.values())
+        .flat_map(|t| t.partitions.values())
+        .filter(|p| p.partition >= 0 && p.consumer_lag > 0)
+        .map(|p| p.consumer_lag)
+        .sum();
+    gauge!(LANE_LAG).set(lag as f64);
+}
+
+/// librdkafka's statistics of a worker's producer: the records it holds.
+pub fn worker_producer_statistics(stats: &rdkafka::Statistics) {
+    gauge!(PRODUCER_QUEUE).set(stats.msg_cnt as f64);
+}
+
+/// A worker's producer, whose context reports its statistics as [`PRODUCER_QUEUE`].
+pub struct WorkerProducerContext;
+
+impl rdkafka::ClientContext for WorkerProducerContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        worker_producer_statistics(&statistics);
+    }
 }
 
 /// A worker has `lanes` lane partitions paused for their tenants' backlogs.

@@ -417,16 +417,21 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     });
     put_jobs(&config, &[calm]).await;
     let worker = Node::worker(&config, dir.path(), "w1", "p");
-    // The worker's `/metrics` while the flood lasts: the flood's lane partitions paused.
-    let mut most_paused = 0.0f64;
+    // The worker's `/metrics` while the flood lasts: the flood's lane partitions paused, and
+    // its backlog in the lane lag (librdkafka's statistics, every 5 s).
+    let (mut most_paused, mut most_lag) = (0.0f64, 0.0f64);
     let watch_until = Instant::now() + Duration::from_secs(20);
     while Instant::now() < watch_until {
-        let paused = get(worker_http, "/metrics").and_then(|(_, body)| {
-            body.lines()
-                .find_map(|l| l.strip_prefix("tocsin_worker_lanes_paused "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        });
-        most_paused = most_paused.max(paused.unwrap_or(0.0));
+        if let Some((_, body)) = get(worker_http, "/metrics") {
+            let gauge = |name: &str| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            most_paused = most_paused.max(gauge("tocsin_worker_lanes_paused"));
+            most_lag = most_lag.max(gauge("tocsin_worker_lane_lag_records"));
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
     let t_end = now_ms();
@@ -479,6 +484,10 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     assert!(
         most_paused >= 1.0,
         "tocsin_worker_lanes_paused never showed the flood's lane paused (most {most_paused})"
+    );
+    assert!(
+        most_lag >= 1_000.0,
+        "tocsin_worker_lane_lag_records never showed the flood's backlog (most {most_lag})"
     );
     // Starved, the calm run would wait behind the whole backlog (tens of seconds).
     assert!(

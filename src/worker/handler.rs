@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::policy::{self, Policy};
@@ -37,7 +37,7 @@ pub trait Handler: Send + Sync {
 
 /// The built-in handlers plus the registered ones, under the worker's [`Policy`].
 pub struct Handlers {
-    producer: FutureProducer,
+    producer: super::WorkerProducer,
     /// One client for every run: connections to a target are pooled and reused.
     http: reqwest::Client,
     custom: HashMap<String, Arc<dyn Handler>>,
@@ -74,7 +74,7 @@ impl Handlers {
     /// `ca_file`: certificates trusted for `https` targets besides the platform's (the CA of
     /// internal services).
     pub fn new(
-        producer: FutureProducer,
+        producer: super::WorkerProducer,
         custom: HashMap<String, Arc<dyn Handler>>,
         policy: Policy,
         ca_file: Option<&Path>,

@@ -36,6 +36,9 @@ use ledger::Ledger;
 use offsets::Taken;
 use rebalance::LaneContext;
 
+/// The worker's producer: its statistics feed `tocsin_worker_producer_queue_messages`.
+pub(crate) type WorkerProducer = FutureProducer<telemetry::WorkerProducerContext>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     #[error("kafka: {0}")]
@@ -96,7 +99,7 @@ struct Shared {
     config: Config,
     opts: WorkerOptions,
     now: NowFn,
-    producer: FutureProducer,
+    producer: WorkerProducer,
     handlers: Handlers,
     ledger: Ledger,
     lanes: Arc<LaneContext>,
@@ -123,13 +126,16 @@ pub async fn run(
         config.worker.ledger_retention_ms as i64,
         opts.ledger_health.clone(),
     )?;
-    let producer: FutureProducer = crate::kafka::producer_config(&config).create()?;
+    let producer: WorkerProducer = crate::kafka::producer_config(&config)
+        .set("statistics.interval.ms", telemetry::STATISTICS_INTERVAL_MS)
+        .create_with_context(telemetry::WorkerProducerContext)?;
     let group = format!("tocsin-worker-{}", config.worker.pool);
     let mut cc = crate::kafka::consumer_config(&config, &group);
     cc.set("client.id", format!("tocsin-worker-{}", opts.worker_id));
     cc.set("group.protocol", "consumer");
     cc.set("fetch.wait.max.ms", "50");
     cc.set("topic.metadata.refresh.interval.ms", "5000");
+    cc.set("statistics.interval.ms", telemetry::STATISTICS_INTERVAL_MS);
     for (k, v) in &config.kafka {
         cc.set(k, v);
     }

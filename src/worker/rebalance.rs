@@ -183,7 +183,11 @@ impl LaneContext {
     }
 }
 
-impl ClientContext for LaneContext {}
+impl ClientContext for LaneContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        crate::telemetry::lane_consumer_statistics(&statistics);
+    }
+}
 
 impl ConsumerContext for LaneContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
