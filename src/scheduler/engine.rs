@@ -478,12 +478,18 @@ impl Engine {
             } else {
                 info!(jobs = ?jobs, control = ?control, "revoked partitions");
             }
+            // The `timers` offsets of every assigned partition with a checkpoint, asked at once.
+            let bounds = if assigned {
+                self.timers_bounds(&jobs)
+            } else {
+                HashMap::new()
+            };
             for (topic, p) in parts {
                 if topic != self.topics.jobs {
                     continue; // `control` p follows `jobs` p
                 }
                 if assigned {
-                    self.start_restore(p);
+                    self.start_restore(p, bounds.get(&p).copied());
                 } else {
                     self.release(p);
                     revoked.push(p);
@@ -493,22 +499,67 @@ impl Engine {
         revoked
     }
 
-    fn start_restore(&mut self, p: i32) {
+    /// The first and the last stable offset of `timers` in each of `parts` that has a
+    /// checkpoint, in one request for each end, not one round trip per partition: a node given
+    /// back hundreds of partitions (a zombie's return, a restart) would otherwise spend
+    /// seconds on them before restoring any. A partition whose offsets could not be had is
+    /// left out (its checkpoint is not trusted).
+    fn timers_bounds(&self, parts: &[i32]) -> HashMap<i32, (i64, i64)> {
+        let checked: Vec<i32> = (parts.iter().copied())
+            .filter(|p| matches!(self.store.checkpoint(*p as u16), Ok(Some(_))))
+            .collect();
+        if checked.is_empty() {
+            return HashMap::new();
+        }
+        let ask = |at: Offset| -> Option<TopicPartitionList> {
+            let mut tpl = TopicPartitionList::new();
+            for p in &checked {
+                tpl.add_partition_offset(&self.topics.timers, *p, at).ok()?;
+            }
+            // For a `read_committed` client "latest" is the last stable offset.
+            match self
+                .restorer
+                .offsets_for_times(tpl, Duration::from_secs(10))
+            {
+                Ok(answer) => Some(answer),
+                Err(e) => {
+                    warn!(error = %e, partitions = checked.len(), "could not list the timers offsets; restoring from the beginning");
+                    None
+                }
+            }
+        };
+        let (Some(low), Some(high)) = (ask(Offset::Beginning), ask(Offset::End)) else {
+            return HashMap::new();
+        };
+        (low.elements_for_topic(&self.topics.timers).iter())
+            .filter_map(|e| {
+                let l = e
+                    .offset()
+                    .to_raw()
+                    .filter(|o| *o >= 0 && e.error().is_ok())?;
+                let h = (high.find_partition(&self.topics.timers, e.partition()))
+                    .filter(|h| h.error().is_ok())?
+                    .offset()
+                    .to_raw()
+                    .filter(|o| *o >= 0)?;
+                Some((e.partition(), (l, h)))
+            })
+            .collect()
+    }
+
+    /// `bounds`: the partition's first and last stable `timers` offsets, when known.
+    fn start_restore(&mut self, p: i32, bounds: Option<(i64, i64)>) {
         self.assignments += 1;
         self.restore_started.insert(p, Instant::now());
         let now = (self.now)();
         // A checkpoint outside the partition's current offsets belongs to another topic of
-        // the same name (a recreated topic): trust it only when it fits. The watermarks cost a
-        // round trip per partition, so they are asked only when there is a checkpoint to check
-        // (a takeover of a dead node's partitions has none, and must not wait).
-        let fits = |restorer: &BaseConsumer, offset: i64| {
-            restorer
-                .fetch_watermarks(&self.topics.timers, p, Duration::from_secs(10))
-                .is_ok_and(|(low, high)| offset >= low && offset <= high)
-        };
+        // the same name (a recreated topic): trust it only when it fits the offsets
+        // `timers_bounds` listed for the whole assignment (only for partitions with a
+        // checkpoint: a takeover of a dead node's partitions has none, and asks nothing).
+        let fits = |offset: i64| bounds.is_some_and(|(low, high)| offset >= low && offset <= high);
         let from = match self.store.checkpoint(p as u16) {
             Ok(Some(Checkpoint { offset, written_ms }))
-                if now - written_ms < CHECKPOINT_MAX_AGE_MS && fits(&self.restorer, offset) =>
+                if now - written_ms < CHECKPOINT_MAX_AGE_MS && fits(offset) =>
             {
                 Offset::Offset(offset)
             }
