@@ -467,8 +467,6 @@ impl Engine {
             telemetry::rebalanced(assigned, jobs.len());
             if assigned {
                 self.assigned_once = true;
-                // A takeover may need to know who left the group: a description made from now.
-                self.membership.refresh();
                 info!(jobs = ?jobs, control = ?control, "assigned partitions");
                 if jobs != control {
                     // Range assignment co-partitions the two topics; a split means a control
@@ -494,6 +492,13 @@ impl Engine {
                     self.release(p);
                     revoked.push(p);
                 }
+            }
+            if assigned {
+                // A takeover may need to know who left the group: a description asked after
+                // every restore above began. One asked before them is older than the restores
+                // it is for, and a held restore then waited for the next, `DESCRIBE_EVERY`
+                // (2 s) later, before it could fence.
+                self.membership.refresh();
             }
         }
         revoked
