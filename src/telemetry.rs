@@ -344,17 +344,13 @@ pub fn lane_consumer_statistics(stats: &rdkafka::Statistics) {
     gauge!(LANE_LAG).set(lag as f64);
 }
 
-/// librdkafka's statistics of a worker's producer: the records it holds.
-pub fn worker_producer_statistics(stats: &rdkafka::Statistics) {
-    gauge!(PRODUCER_QUEUE).set(stats.msg_cnt as f64);
-}
-
-/// A worker's producer, whose context reports its statistics as [`PRODUCER_QUEUE`].
+/// A worker's producer, whose context reports its statistics: the records it holds, as
+/// [`PRODUCER_QUEUE`].
 pub struct WorkerProducerContext;
 
 impl rdkafka::ClientContext for WorkerProducerContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
-        worker_producer_statistics(&statistics);
+        gauge!(PRODUCER_QUEUE).set(statistics.msg_cnt as f64);
     }
 }
 

@@ -17,14 +17,6 @@ fn status_json(addr: SocketAddr) -> serde_json::Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status is not JSON ({e}): {body}"))
 }
 
-/// The value of an unlabelled sample in Prometheus text, if present.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| {
-        let (n, v) = l.split_once(' ')?;
-        (n == name).then(|| v.trim().parse().ok())?
-    })
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn nodes_serve_health_readiness_metrics_and_status() {
     let (mut config, dir) = setup("http").await;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::fleet::*;
-use common::http::{free_addr, get};
+use common::http::{free_addr, get, sample};
 use common::topics::{dead_letters, events, read_all, starts};
 use tocsin::codec::{self, Framing};
 use tocsin::model::job::{
@@ -423,12 +423,7 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
     let watch_until = Instant::now() + Duration::from_secs(20);
     while Instant::now() < watch_until {
         if let Some((_, body)) = get(worker_http, "/metrics") {
-            let gauge = |name: &str| {
-                body.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
+            let gauge = |name: &str| sample(&body, name).unwrap_or(0.0);
             most_paused = most_paused.max(gauge("tocsin_worker_lanes_paused"));
             most_lag = most_lag.max(gauge("tocsin_worker_lane_lag_records"));
         }

@@ -15,7 +15,6 @@ use serde::{Deserialize, Serialize};
 use crate::codec::connect::{self, ConnectError, Field, FieldType};
 use crate::codec::{self, CodecError, Framing};
 use crate::config::Serialization;
-use crate::model::job::HandlerKind;
 use crate::model::records::{DeadLetter, RunEvent, RunEventKind};
 
 /// The lane record's header naming the scheduler node that fired the run, so the worker's
@@ -274,15 +273,6 @@ pub const DEAD_ROW_FIELDS: [Field; 10] = [
     Field::required("error", FieldType::String),
 ];
 
-fn handler_name(kind: HandlerKind) -> &'static str {
-    match kind {
-        HandlerKind::Kafka => "kafka",
-        HandlerKind::Http => "http",
-        HandlerKind::Exec => "exec",
-        HandlerKind::Custom => "custom",
-    }
-}
-
 /// The value of the `dead` record for `dead`, in `format`. Connect JSON keeps what an operator
 /// looks a dead run up by; the whole run (payload, headers, retry policy) is in the Avro form.
 pub fn encode_dead(format: Serialization, dead: &DeadLetter) -> Vec<u8> {
@@ -299,7 +289,7 @@ pub fn encode_dead(format: Serialization, dead: &DeadLetter) -> Vec<u8> {
                 dead.run.scheduled_ms.into(),
                 dead.run.fire_ms.into(),
                 dead.at_ms.into(),
-                handler_name(dead.run.handler.kind).into(),
+                dead.run.handler.kind.name().into(),
                 dead.run.handler.target.as_str().into(),
                 dead.error.as_str().into(),
             ],

@@ -2,7 +2,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::codec::connect::TIMESTAMP;
-use crate::model::job::{HandlerSpec, RetryPolicy};
+use crate::model::job::{HandlerKind, HandlerSpec, RetryPolicy};
 use crate::model::records::{FireReason, Run};
 
 fn event(kind: RunEventKind, at_ms: i64, node: &str, error: Option<&str>) -> RunEvent {

@@ -189,6 +189,18 @@ pub enum HandlerKind {
     Custom,
 }
 
+impl HandlerKind {
+    /// The name a job definition spells it with (`kind = "http"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            HandlerKind::Kafka => "kafka",
+            HandlerKind::Http => "http",
+            HandlerKind::Exec => "exec",
+            HandlerKind::Custom => "custom",
+        }
+    }
+}
+
 /// What a worker does with a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

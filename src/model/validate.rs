@@ -309,11 +309,7 @@ pub fn validate(
         kind if target.is_empty() => {
             return Err(ValidationError::EmptyTarget {
                 job: job.into(),
-                kind: match kind {
-                    HandlerKind::Http => "http",
-                    HandlerKind::Exec => "exec",
-                    _ => "custom",
-                },
+                kind: kind.name(),
             })
         }
         HandlerKind::Http => {

@@ -476,18 +476,23 @@ impl Engine {
             } else {
                 info!(jobs = ?jobs, control = ?control, "revoked partitions");
             }
-            // The `timers` offsets of every assigned partition with a checkpoint, asked at once.
-            let bounds = if assigned {
-                self.timers_bounds(&jobs)
+            // The checkpoints of the assigned partitions, read once, and the `timers` offsets
+            // of those partitions, asked at once.
+            let checkpoints: HashMap<i32, Checkpoint> = if assigned {
+                (jobs.iter())
+                    .filter_map(|p| Some((*p, self.store.checkpoint(*p as u16).ok()??)))
+                    .collect()
             } else {
                 HashMap::new()
             };
+            let bounds = self.timers_bounds(&checkpoints);
             for (topic, p) in parts {
                 if topic != self.topics.jobs {
                     continue; // `control` p follows `jobs` p
                 }
                 if assigned {
-                    self.start_restore(p, bounds.get(&p).copied());
+                    let checkpoint = checkpoints.get(&p).copied();
+                    self.start_restore(p, checkpoint, bounds.get(&p).copied());
                 } else {
                     self.release(p);
                     revoked.push(p);
@@ -504,15 +509,13 @@ impl Engine {
         revoked
     }
 
-    /// The first and the last stable offset of `timers` in each of `parts` that has a
-    /// checkpoint, in one request for each end, not one round trip per partition: a node given
-    /// back hundreds of partitions (a zombie's return, a restart) would otherwise spend
+    /// The first and the last stable offset of `timers` in each partition that has one of
+    /// `checkpoints`, in one request for each end, not one round trip per partition: a node
+    /// given back hundreds of partitions (a zombie's return, a restart) would otherwise spend
     /// seconds on them before restoring any. A partition whose offsets could not be had is
     /// left out (its checkpoint is not trusted).
-    fn timers_bounds(&self, parts: &[i32]) -> HashMap<i32, (i64, i64)> {
-        let checked: Vec<i32> = (parts.iter().copied())
-            .filter(|p| matches!(self.store.checkpoint(*p as u16), Ok(Some(_))))
-            .collect();
+    fn timers_bounds(&self, checkpoints: &HashMap<i32, Checkpoint>) -> HashMap<i32, (i64, i64)> {
+        let checked: Vec<i32> = checkpoints.keys().copied().collect();
         if checked.is_empty() {
             return HashMap::new();
         }
@@ -552,8 +555,14 @@ impl Engine {
             .collect()
     }
 
-    /// `bounds`: the partition's first and last stable `timers` offsets, when known.
-    fn start_restore(&mut self, p: i32, bounds: Option<(i64, i64)>) {
+    /// `checkpoint`: the partition's, if the store has one; `bounds`: its first and last
+    /// stable `timers` offsets, when known.
+    fn start_restore(
+        &mut self,
+        p: i32,
+        checkpoint: Option<Checkpoint>,
+        bounds: Option<(i64, i64)>,
+    ) {
         self.assignments += 1;
         self.restore_started.insert(p, Instant::now());
         let now = (self.now)();
@@ -562,8 +571,8 @@ impl Engine {
         // `timers_bounds` listed for the whole assignment (only for partitions with a
         // checkpoint: a takeover of a dead node's partitions has none, and asks nothing).
         let fits = |offset: i64| bounds.is_some_and(|(low, high)| offset >= low && offset <= high);
-        let from = match self.store.checkpoint(p as u16) {
-            Ok(Some(Checkpoint { offset, written_ms }))
+        let from = match checkpoint {
+            Some(Checkpoint { offset, written_ms })
                 if now - written_ms < CHECKPOINT_MAX_AGE_MS && fits(offset) =>
             {
                 Offset::Offset(offset)

@@ -380,15 +380,13 @@ pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
         "transaction.timeout.ms",
         config.scheduler.transaction_timeout_ms.to_string(),
     );
-    // Counted as soon as `init_transactions` answers: dropping the producer (librdkafka's
-    // destroy) comes after, and can take a while.
-    match c.create::<BaseProducer>() {
-        Ok(p) => {
-            let result = p.init_transactions(TXN_TIMEOUT);
-            crate::telemetry::fenced(owner, started.elapsed(), result.map_err(|e| e.to_string()));
-        }
-        Err(e) => crate::telemetry::fenced(owner, started.elapsed(), Err(e.to_string())),
-    }
+    let producer = c.create::<BaseProducer>();
+    let result = (producer.as_ref())
+        .map_err(|e| e.to_string())
+        .and_then(|p| p.init_transactions(TXN_TIMEOUT).map_err(|e| e.to_string()));
+    // Counted as soon as `init_transactions` answers: the producer is dropped (librdkafka's
+    // destroy, which can take a while) only after.
+    crate::telemetry::fenced(owner, started.elapsed(), result);
 }
 
 /// Whether `e` says this node was fenced: its producer by a newer one with its transactional

@@ -250,7 +250,8 @@ pub async fn run(
             _ = resume_tick.tick(), if !lanes.paused.lock().unwrap().is_empty() => {
                 // Resume lanes whose tenant has drained below its bound.
                 let tenants = shared.tenants.lock().unwrap();
-                lanes.paused.lock().unwrap().retain(|(topic, p, tenant)| {
+                let mut paused = lanes.paused.lock().unwrap();
+                paused.retain(|(topic, p, tenant)| {
                     let waiting = tenants.get(tenant).map_or(0, |(_, n)| *n);
                     if waiting <= per_tenant * RESUME_BELOW {
                         let mut tpl = TopicPartitionList::new();
@@ -261,7 +262,7 @@ pub async fn run(
                         true
                     }
                 });
-                telemetry::lanes_paused(lanes.paused.lock().unwrap().len());
+                telemetry::lanes_paused(paused.len());
             }
             msg = consumer.recv() => {
                 let m = match msg {

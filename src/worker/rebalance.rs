@@ -167,15 +167,18 @@ impl LaneContext {
 
     fn unpause(&self, consumer: &BaseConsumer<LaneContext>, parts: &[(String, i32)]) {
         let mut resume = TopicPartitionList::new();
-        self.paused.lock().unwrap().retain(|(topic, p, _)| {
+        let mut paused = self.paused.lock().unwrap();
+        paused.retain(|(topic, p, _)| {
             let revoked = parts.iter().any(|(t, q)| t == topic && q == p);
             if revoked {
                 resume.add_partition(topic, *p);
             }
             !revoked
         });
+        let still_paused = paused.len();
+        drop(paused);
         if resume.count() > 0 {
-            crate::telemetry::lanes_paused(self.paused.lock().unwrap().len());
+            crate::telemetry::lanes_paused(still_paused);
             if let Err(e) = consumer.resume(&resume) {
                 warn!(error = %e, "could not resume revoked lanes");
             }

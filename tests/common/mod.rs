@@ -799,6 +799,15 @@ pub mod http {
     use std::net::{SocketAddr, TcpStream};
     use std::time::Duration;
 
+    /// The value of a sample in Prometheus text (`name` with its labels, as printed), if
+    /// present.
+    pub fn sample(metrics: &str, name: &str) -> Option<f64> {
+        metrics.lines().find_map(|l| {
+            let (n, v) = l.split_once(' ')?;
+            (n == name).then(|| v.trim().parse().ok())?
+        })
+    }
+
     /// A port nobody listens on right now (bound and released; fine for a test).
     pub fn free_addr() -> SocketAddr {
         std::net::TcpListener::bind("127.0.0.1:0")
