@@ -25,6 +25,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::kafka::client::{ClientFault, ClientFaults};
 use crate::node::{NodeStatus, Reach, StoreHealth};
 
 /// Largest request head (request line and headers) read; a longer one gets 431.
@@ -105,6 +106,8 @@ pub struct Endpoint {
     worker_ready: Option<Arc<AtomicBool>>,
     ledger: Option<Arc<StoreHealth>>,
     brokers: Option<Arc<Reach>>,
+    /// The latest error of the node's Kafka clients (`kafka::client`): the process's own.
+    client_faults: Arc<ClientFaults>,
     metrics: Option<PrometheusHandle>,
     api: Option<Arc<crate::api::Api>>,
 }
@@ -118,6 +121,7 @@ impl Endpoint {
             worker_ready: None,
             ledger: None,
             brokers: None,
+            client_faults: ClientFaults::process(),
             metrics,
             api: None,
         }
@@ -155,6 +159,25 @@ impl Endpoint {
         self
     }
 
+    /// Why no broker answers the probe: the latest client error since its last answer, typed
+    /// (`kafka::client`), or else the probe's own error.
+    fn no_answer_because(&self, r: &Reach) -> String {
+        let answered = r.answered_ms.load(Ordering::Relaxed);
+        match self.client_faults.latest() {
+            Some(f) if f.at_ms >= answered => format!("{}: {}", f.kind.name(), f.error),
+            _ => (r.last_error.lock().unwrap().clone()).unwrap_or_else(|| "no answer".into()),
+        }
+    }
+
+    /// A client error that takes the node out of service at once (a refused login, a failed
+    /// TLS handshake, a fatal error), reported since the probe's last answer.
+    fn client_fault(&self, r: &Reach) -> Option<ClientFault> {
+        let answered = r.answered_ms.load(Ordering::Relaxed);
+        self.client_faults
+            .latest()
+            .filter(|f| f.kind.blocks_readiness() && f.at_ms >= answered)
+    }
+
     /// Why the node cannot make progress on its own, or `None` while it can.
     fn stalled(&self) -> Option<String> {
         if let Some(r) = &self.brokers {
@@ -164,11 +187,7 @@ impl Endpoint {
                         "no broker answered for {} s (limit {} s): {}",
                         for_ms / 1000,
                         crate::node::STALL_LIMIT_MS / 1000,
-                        r.last_error
-                            .lock()
-                            .unwrap()
-                            .as_deref()
-                            .unwrap_or("no answer")
+                        self.no_answer_because(r)
                     ));
                 }
             }
@@ -192,17 +211,14 @@ impl Endpoint {
     fn not_ready(&self) -> Option<String> {
         let mut why = Vec::new();
         if let Some(r) = &self.brokers {
-            match r.unreachable_for(now_ms()) {
-                None => {}
-                Some(None) => why.push("brokers: none has answered yet".to_owned()),
-                Some(Some(for_ms)) => why.push(format!(
+            match (r.unreachable_for(now_ms()), self.client_fault(r)) {
+                (_, Some(f)) => why.push(format!("brokers: {}: {}", f.kind.name(), f.error)),
+                (None, None) => {}
+                (Some(None), None) => why.push("brokers: none has answered yet".to_owned()),
+                (Some(Some(for_ms)), None) => why.push(format!(
                     "brokers: none answered for {} s: {}",
                     for_ms / 1000,
-                    r.last_error
-                        .lock()
-                        .unwrap()
-                        .as_deref()
-                        .unwrap_or("no answer")
+                    self.no_answer_because(r)
                 )),
             }
         }
@@ -268,9 +284,14 @@ impl Endpoint {
             };
         }
         if let Some(r) = &self.brokers {
+            let fault = self.client_faults.latest().map(|f| {
+                serde_json::json!({ "kind": f.kind.name(), "error": f.error, "at_ms": f.at_ms })
+            });
             doc["brokers"] = serde_json::json!({
+                "reachable": r.unreachable_for(now_ms()).is_none() && self.client_fault(r).is_none(),
                 "answered_ms": r.answered_ms.load(Ordering::Relaxed),
                 "last_error": *r.last_error.lock().unwrap(),
+                "last_client_error": fault,
             });
         }
         let mut body = doc.to_string();
@@ -686,6 +707,57 @@ mod tests {
         assert_eq!(get(&e, "/readyz").status, 200);
     }
 
+    #[test]
+    fn a_refused_login_makes_a_node_not_ready_at_once_naming_it_until_a_broker_answers() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        let reach = Arc::new(Reach::default());
+        let e = scheduler(8, 8, true).with_brokers(reach.clone());
+        reach.answered_ms.store(now_ms() - 10, Ordering::Relaxed);
+        // Every broker down is what a probe's silence decides, not the error itself.
+        e.client_faults.record(ClientFault::of(
+            &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        ));
+        assert_eq!(get(&e, "/readyz").status, 200);
+        e.client_faults.record(ClientFault::of(
+            &KafkaError::Global(RDKafkaErrorCode::Authentication),
+            "SASL authentication error: Authentication failed during authentication due to \
+             invalid credentials with SASL mechanism SCRAM-SHA-512",
+        ));
+        let r = get(&e, "/readyz");
+        assert_eq!(r.status, 503);
+        assert!(
+            r.body.starts_with("not ready: brokers: authentication: ")
+                && r.body.contains("invalid credentials"),
+            "{}",
+            r.body
+        );
+        let status: serde_json::Value = serde_json::from_str(&get(&e, "/status").body).unwrap();
+        assert_eq!(status["ready"], false);
+        assert_eq!(status["brokers"]["reachable"], false);
+        assert_eq!(
+            status["brokers"]["last_client_error"]["kind"],
+            "authentication"
+        );
+        // The probe answered since: the login works again.
+        reach.answered_ms.store(now_ms() + 1, Ordering::Relaxed);
+        assert_eq!(get(&e, "/readyz").status, 200);
+        // A silent probe names the latest client error since its last answer.
+        reach.answered_ms.store(
+            now_ms() - crate::node::UNREACHABLE_AFTER_MS - 2_000,
+            Ordering::Relaxed,
+        );
+        e.client_faults.record(ClientFault::of(
+            &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        ));
+        let body = get(&e, "/readyz").body;
+        assert!(
+            body.starts_with("not ready: brokers: none answered for 7 s: all_brokers_down: "),
+            "{body}"
+        );
+    }
+
     /// Why `/healthz` says the node is unhealthy (it must).
     fn unhealthy(e: &Endpoint) -> String {
         let h = get(e, "/healthz");
@@ -706,7 +778,10 @@ mod tests {
         let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
             .build_recorder()
             .handle();
-        Endpoint::new("n1", Some(handle)).with_scheduler(status)
+        let mut e = Endpoint::new("n1", Some(handle)).with_scheduler(status);
+        // Faults of its own, not the process's, which other tests report into.
+        e.client_faults = Arc::default();
+        e
     }
 
     fn get(e: &Endpoint, path: &str) -> Response {

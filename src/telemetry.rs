@@ -43,6 +43,8 @@ pub const LANES_PAUSED: &str = "tocsin_worker_lanes_paused";
 pub const LANE_LAG: &str = "tocsin_worker_lane_lag_records";
 /// Records the worker's producer holds, not yet acknowledged (librdkafka's statistics).
 pub const PRODUCER_QUEUE: &str = "tocsin_worker_producer_queue_messages";
+/// Errors librdkafka reported outside any one request, by kind (`kafka::client`).
+pub const CLIENT_ERRORS: &str = "tocsin_kafka_client_errors_total";
 /// How often librdkafka reports the statistics behind [`LANE_LAG`] and [`PRODUCER_QUEUE`].
 pub const STATISTICS_INTERVAL_MS: &str = "5000";
 
@@ -138,10 +140,41 @@ pub fn describe() {
         LANES_PAUSED,
         "Lane partitions this worker paused because their tenant has too many runs waiting here."
     );
+    describe_counter!(
+        CLIENT_ERRORS,
+        "Errors the node's Kafka clients reported outside any one request, by kind: authentication, authorization, tls, all_brokers_down, fatal, transient."
+    );
+    for kind in [
+        "authentication",
+        "authorization",
+        "tls",
+        "all_brokers_down",
+        "fatal",
+        "transient",
+    ] {
+        counter!(CLIENT_ERRORS, "kind" => kind).increment(0);
+    }
     describe_gauge!(
         PARTITIONS,
         "Partitions of jobs this node owns, by state: restoring, active."
     );
+}
+
+/// A Kafka client of this node reported an error outside any one request (`kafka::client`):
+/// logged at `error` when it takes the node out of service, `warn` when waiting cures it.
+pub fn kafka_client_error(kind: &'static str, blocks_readiness: bool, error: &str) {
+    if blocks_readiness {
+        tracing::error!(kind, error, "kafka client error; the node is not ready");
+    } else {
+        tracing::warn!(kind, error, "kafka client error");
+    }
+    counter!(CLIENT_ERRORS, "kind" => kind).increment(1);
+}
+
+/// A Kafka client of this node logged a connection failure of `kind` (`kafka::client::log`):
+/// counted; librdkafka's own line says the rest.
+pub fn kafka_client_error_counted(kind: &'static str) {
+    counter!(CLIENT_ERRORS, "kind" => kind).increment(1);
 }
 
 /// A scheduler's counters exist from its start, so a scrape before the first event shows 0
@@ -349,6 +382,12 @@ pub fn lane_consumer_statistics(stats: &rdkafka::Statistics) {
 pub struct WorkerProducerContext;
 
 impl rdkafka::ClientContext for WorkerProducerContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client::log(level, fac, message);
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        crate::kafka::client::report(&error, reason);
+    }
     fn stats(&self, statistics: rdkafka::Statistics) {
         gauge!(PRODUCER_QUEUE).set(statistics.msg_cnt as f64);
     }

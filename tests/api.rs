@@ -449,6 +449,65 @@ async fn a_node_redirects_a_job_it_does_not_own_to_its_owner() {
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["nodes"].as_array().unwrap().len(), 2, "{status}");
     assert_eq!(status["unowned_partitions"], json!([]), "{status}");
+
+    // `tocsin jobs list` merges both nodes' answers: every job, and no partition left to the
+    // topic; with b stopped, b's partitions come from the topic, and the list is as whole.
+    let ids: Vec<String> = (0..24).map(|i| format!("listed-{i}")).collect();
+    let defs: Vec<_> = ids
+        .iter()
+        .map(|id| tocsin::model::job::JobDefinition {
+            paused: id.ends_with('7'),
+            ..tocsin::model::job::JobDefinition::new(id, "acme", every(60_000), exec("true"))
+        })
+        .collect();
+    put_jobs(&config, &defs).await;
+    let list = |args: &[&str]| {
+        let out = run_tocsin(&config, &[&["jobs", "list", "--json"], args].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<String> = listed
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect();
+        (ids, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let mut want: Vec<String> = ids.clone();
+    want.sort();
+    let mut merged = (Vec::new(), String::new());
+    wait_watching(
+        Duration::from_secs(30),
+        "both nodes to list every job",
+        &[&na, &nb],
+        || {
+            merged = list(&[]);
+            merged.0 == want
+        },
+    );
+    assert!(
+        !merged.1.contains("from the topic") && !merged.1.contains("did not answer"),
+        "a partition was read from the topic: {}",
+        merged.1
+    );
+    let paused = list(&["--paused"]).0;
+    assert_eq!(paused, ["listed-17", "listed-7"], "the nodes filter");
+    assert_eq!(list(&["--from-topic"]).0, want);
+    let b_pid = nb.child.id().to_string();
+    let stop = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &b_pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    stop("-STOP");
+    let (listed, said) = list(&[]);
+    stop("-CONT");
+    assert_eq!(listed, want, "with b stopped");
+    assert!(said.contains("did not answer"), "{said}");
     nb.stop();
     na.stop();
 }

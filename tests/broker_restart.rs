@@ -220,6 +220,20 @@ async fn nodes_survive_broker_outages_of_30_s_and_2_min() {
         broker.stop();
         let stopped = Instant::now();
         std::thread::sleep(down);
+        // What each node's `/status` says with the broker away: not ready, no broker reached,
+        // and the latest error of its clients, typed.
+        for (n, name) in NODES.iter().enumerate() {
+            let (_, body) = get(addrs[n], "/status").expect("the node answers /status");
+            eprintln!("outage of {down:?}: the {name}'s /status: {body}");
+            let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(status["ready"], false, "{name}: {body}");
+            assert_eq!(status["brokers"]["reachable"], false, "{name}: {body}");
+            let kind = &status["brokers"]["last_client_error"]["kind"];
+            assert!(
+                kind == "all_brokers_down" || kind == "transient",
+                "{name}: {body}"
+            );
+        }
         let starting = Instant::now();
         broker.start_again();
         let back = Instant::now();

@@ -2,7 +2,9 @@
 //! listener is SASL_SSL with SCRAM-SHA-512 (`TOCSIN_KAFKA_TLS=1 scripts/kafka`: certificates made
 //! with openssl, users created with Kafka's own tools): a scheduler and a worker, each logged in
 //! as its own SCRAM user and trusting the broker's CA, fire and run jobs through it, and a wrong
-//! password or an untrusted CA is refused. And `https` handler targets on a local TLS server with
+//! password or an untrusted CA is refused: a node so refused does not start and names the cause
+//! (`authentication`, `tls`), and a running worker whose password was rotated says so in
+//! `/readyz` and `/status` once the broker restarts. And `https` handler targets on a local TLS server with
 //! a CA made here: a run succeeds when the worker trusts the CA (`worker.http.ca_file`), and goes
 //! to `dead` at its first attempt, naming what is wrong with the certificate, when it does not
 //! or when the certificate names another host.
@@ -373,6 +375,49 @@ async fn a_scheduler_and_a_worker_fire_and_run_jobs_over_sasl_ssl_with_scram() {
         "a client that does not trust the broker's CA: {untrusted:?}"
     );
 
+    // A node refused the same ways does not start, and its error names the cause, typed.
+    let refused = [
+        (
+            "authentication",
+            "Authentication failed",
+            Some(ca.as_path()),
+            "not-the-password",
+        ),
+        (
+            "tls",
+            "certificate verify failed",
+            None,
+            password("worker-alice"),
+        ),
+    ];
+    for (kind, words, trusted, pw) in refused {
+        let config = scram(&base, "worker-alice", pw, trusted);
+        let mut node =
+            Node::tenant_worker(&config, dir.path(), "alice", &format!("refused-{kind}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = node.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a node refused for {kind} runs on"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let log = node.log_text();
+        assert!(!status.success(), "{log}");
+        let said = log
+            .lines()
+            .find(|l| l.contains("cannot reach Kafka"))
+            .unwrap_or("");
+        assert!(
+            said.contains(&format!("within 10 s: {kind}: ")) && said.contains(words),
+            "a node refused for {kind} said: {log}"
+        );
+        eprintln!("refused for {kind}: {said}");
+    }
+
     ensure_fleet_topics(&admin).await;
     broker.acl_recipe(&base.topic_prefix, &[]);
 
@@ -383,7 +428,10 @@ async fn a_scheduler_and_a_worker_fire_and_run_jobs_over_sasl_ssl_with_scram() {
         "s1",
         &["scheduler", "--node-id", "s1"],
     );
-    let worker = Node::tenant_worker(&as_user("worker-alice"), dir.path(), "alice", "w-alice");
+    let mut worker_config = as_user("worker-alice");
+    let worker_http = common::http::free_addr();
+    worker_config.worker.http_listen = worker_http.to_string();
+    let worker = Node::tenant_worker(&worker_config, dir.path(), "alice", "w-alice");
     let ran = dir.path().join("ran");
     let handler = exec(&format!("echo \"$TOCSIN_RUN_ID\" >> '{}'", ran.display()));
     let job = JobDefinition::new("report", "alice", every(1000), handler);
@@ -396,7 +444,64 @@ async fn a_scheduler_and_a_worker_fire_and_run_jobs_over_sasl_ssl_with_scram() {
         &[&scheduler, &worker],
         || runs().lines().count() >= 3,
     );
-    worker.stop();
+
+    // The worker's password changed while it runs (a rotation it missed), and the broker
+    // restarted: its clients log in again with the old one, and its `/readyz` and `/status`
+    // name the refusal, typed, as soon as it comes.
+    let classpath = broker.run(&["classpath"]);
+    let admin_props = broker.state.join("admin.properties");
+    common::run_ok(
+        Command::new("java")
+            .args([
+                "-cp",
+                &classpath,
+                "kafka.admin.ConfigCommand",
+                "--bootstrap-server",
+            ])
+            .arg(&broker.bootstrap)
+            .arg("--command-config")
+            .arg(&admin_props)
+            .args([
+                "--alter",
+                "--entity-type",
+                "users",
+                "--entity-name",
+                "worker-alice",
+            ])
+            .args([
+                "--add-config",
+                "SCRAM-SHA-512=[iterations=4096,password=rotated-pw]",
+            ]),
+        "ConfigCommand: a new password for worker-alice",
+    );
+    broker.stop();
+    broker.start_again();
+    let mut said = (String::new(), serde_json::Value::Null);
+    wait_watching(
+        Duration::from_secs(60),
+        "the worker to say its login is refused",
+        &[&worker],
+        || {
+            let ready = common::http::get(worker_http, "/readyz").unwrap_or_default();
+            let status = common::http::get(worker_http, "/status").unwrap_or_default();
+            said = (ready.1, serde_json::from_str(&status.1).unwrap_or_default());
+            ready.0 == 503
+                && said.0.starts_with("not ready: brokers: authentication: ")
+                && said.1["brokers"]["last_client_error"]["kind"] == "authentication"
+        },
+    );
+    assert!(
+        said.0.contains("Authentication failed"),
+        "/readyz: {}",
+        said.0
+    );
+    assert_eq!(said.1["ready"], false, "/status: {}", said.1);
+    assert_eq!(said.1["brokers"]["reachable"], false, "/status: {}", said.1);
+    eprintln!(
+        "after the rotation: /readyz {:?}; /status brokers {}",
+        said.0, said.1["brokers"]
+    );
+    worker.kill();
     scheduler.stop();
     let lines: Vec<String> = runs().lines().map(str::to_owned).collect();
     let distinct: std::collections::BTreeSet<&String> = lines.iter().collect();

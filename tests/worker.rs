@@ -880,3 +880,36 @@ async fn the_ledger_stays_bounded_by_its_retention_and_still_skips_recent_redeli
         all.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_delivered_again_while_it_executes_runs_once() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup_exec("twice").await;
+    ensure_topics(&config, &["acme"]).await;
+    let ran = dir.path().join("ran");
+    let w = Node::worker(&config, dir.path(), "w1", "p");
+    // The second copy arrives while the first runs, before any ledger entry exists: what a
+    // rebalance does when a run's reports wait on an absent broker.
+    let run = lane_run(
+        "twice",
+        "acme",
+        exec(&format!("echo run >> '{}'; sleep 3", ran.display())),
+    );
+    put_runs(&config, &[run.clone(), run.clone()]).await;
+    let lines = || std::fs::read_to_string(&ran).unwrap_or_default();
+    wait_watching(
+        Duration::from_secs(60),
+        "the second copy to be acknowledged or run",
+        &[&w],
+        || w.log_text().contains("already finished") || lines().lines().count() > 1,
+    );
+    assert_eq!(lines().lines().count(), 1, "the handler ran {:?}", lines());
+    assert!(
+        w.log_text()
+            .contains("delivered again while its first copy"),
+        "the second copy did not wait for the first"
+    );
+    let ev = events(&config, Duration::from_millis(500));
+    assert_eq!(starts(&ev, &run.run_id), 1, "started twice");
+    w.stop();
+}

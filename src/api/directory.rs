@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::config::Config;
+use crate::kafka::client::{NodeConsumer, NodeContext};
 use crate::node::{NodeStatus, NowFn};
 
 /// How often a node writes its heartbeat.
@@ -105,9 +106,9 @@ pub async fn publish(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let topic = config.topic("nodes");
-    let producer: FutureProducer = crate::kafka::producer_config(&config)
+    let producer: FutureProducer<NodeContext> = crate::kafka::producer_config(&config)
         .set("message.timeout.ms", "5000")
-        .create()?;
+        .create_with_context(NodeContext)?;
     let mut every = tokio::time::interval(HEARTBEAT_EVERY);
     // After a stall, one heartbeat, not a burst of them.
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -185,11 +186,11 @@ impl Nodes {
 /// A consumer of `nodes` positioned [`READ_WINDOW_MS`] back from `now_ms` on every partition;
 /// with `eof`, it reports reaching the end of each (which a follower must not ask for:
 /// librdkafka also logs every end reached as an error).
-fn recent_consumer(config: &Config, now_ms: i64, eof: bool) -> anyhow::Result<BaseConsumer> {
+fn recent_consumer(config: &Config, now_ms: i64, eof: bool) -> anyhow::Result<NodeConsumer> {
     let topic = config.topic("nodes");
-    let consumer: BaseConsumer = crate::kafka::consumer_config(config, "tocsin-nodes-reader")
+    let consumer: NodeConsumer = crate::kafka::consumer_config(config, "tocsin-nodes-reader")
         .set("enable.partition.eof", eof.to_string())
-        .create()?;
+        .create_with_context(NodeContext)?;
     let partitions = crate::cli::jobs::partitions(&consumer, &topic)?;
     let mut tpl = TopicPartitionList::new();
     for p in &partitions {

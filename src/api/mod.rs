@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdkafka::consumer::BaseConsumer;
+use crate::kafka::client::{NodeConsumer, NodeContext};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -38,7 +38,7 @@ use directory::Nodes;
 fn follow_on_thread(
     name: &str,
     what: &'static str,
-    consumer: BaseConsumer,
+    consumer: NodeConsumer,
     shutdown: tokio_util::sync::CancellationToken,
     mut on_record: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) + Send + 'static,
 ) -> std::io::Result<()> {
@@ -152,8 +152,8 @@ pub struct Api {
     auth: Auth,
     limits: Limits,
     job_partitions: u32,
-    producer: FutureProducer,
-    lag: Arc<BaseConsumer>,
+    producer: FutureProducer<NodeContext>,
+    lag: Arc<NodeConsumer>,
     nodes: Arc<Mutex<Nodes>>,
     recent: Arc<runs::Recent>,
 }
@@ -184,7 +184,7 @@ impl Api {
         let job_partitions = crate::cli::jobs::partitions(&lag, &config.topic("jobs"))?.len();
         let producer = crate::kafka::producer_config(&config)
             .set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string())
-            .create()?;
+            .create_with_context(NodeContext)?;
         Ok(Api {
             limits: Limits::from_config(&config),
             config,

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
@@ -50,8 +50,8 @@ pub fn follow(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let topic = config.topic("runs");
-    let consumer: BaseConsumer =
-        crate::kafka::consumer_config(config, "tocsin-api-runs").create()?;
+    let consumer = crate::kafka::consumer_config(config, "tocsin-api-runs")
+        .create_with_context(crate::kafka::client::NodeContext)?;
     let mut tpl = TopicPartitionList::new();
     for p in crate::cli::jobs::partitions(&consumer, &topic)? {
         tpl.add_partition_offset(&topic, p, Offset::OffsetTail(TAIL_PER_PARTITION))?;

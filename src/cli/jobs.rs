@@ -96,6 +96,9 @@ pub struct ListArgs {
     /// A JSON array of the definitions, ordered by id.
     #[arg(long)]
     pub json: bool,
+    /// Read the `jobs` topic itself rather than ask the fleet's nodes.
+    #[arg(long)]
+    pub from_topic: bool,
 }
 
 #[derive(Debug, Args)]
@@ -212,7 +215,7 @@ pub async fn run(config: &Config, command: &JobsCommand) -> anyhow::Result<()> {
             let def = get(config, id)?.ok_or_else(|| anyhow!("job {id:?} not found"))?;
             println!("{}", serde_json::to_string_pretty(&def)?);
         }
-        JobsCommand::List(args) => super::jobs_list::run(config, args)?,
+        JobsCommand::List(args) => super::jobs_list::run(config, args).await?,
         JobsCommand::Next { id, count, from } => {
             let from = from.as_deref().map(parse_instant).transpose()?;
             let def = owned(config, id, None)?;
@@ -468,7 +471,10 @@ fn key_messages(
 }
 
 /// The partition ids of `topic`, or an error saying how to create it when it does not exist.
-pub fn partitions(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<Vec<i32>> {
+pub fn partitions<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+) -> anyhow::Result<Vec<i32>> {
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions: Vec<i32> = md
         .topics()

@@ -173,15 +173,36 @@ const REACH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Fails within `REACH_TIMEOUT`, with one line naming the bootstrap address and the cause,
 /// when no broker answers; librdkafka would otherwise retry for the length of each request's
 /// own timeout (up to 300 s for a produce).
+///
+/// The cause is librdkafka's error, typed (`kafka::client`), when it said more than the
+/// request's own failure: `authentication: … Authentication failed …` for refused credentials,
+/// `tls: … certificate verify failed …` for a broker certificate it does not trust.
 fn reachable(config: Config) -> anyhow::Result<Config> {
-    use rdkafka::consumer::Consumer;
-    let consumer = probe(&config)?;
-    match consumer.fetch_metadata(None, REACH_TIMEOUT) {
-        Ok(_) => Ok(config),
-        Err(e) => anyhow::bail!(
-            "cannot reach Kafka at {} within {} s: {e}",
-            config.bootstrap,
-            REACH_TIMEOUT.as_secs()
-        ),
+    use crate::kafka::client::{ClientErrorKind, Recording};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer<Recording> = crate::kafka::base_config(&config)
+        .set("client.id", "tocsin-cli-probe")
+        .set("log_level", "0")
+        .create_with_context(Recording::default())
+        .with_context(|| format!("invalid Kafka client settings for {}", config.bootstrap))?;
+    let Err(e) = consumer.fetch_metadata(None, REACH_TIMEOUT) else {
+        return Ok(config);
+    };
+    // librdkafka's own errors come out of the client's queue.
+    for _ in 0..10 {
+        if let Some(Err(e)) = consumer.poll(std::time::Duration::from_millis(100)) {
+            consumer.context().record(&e, "");
+        }
     }
+    let cause = match consumer.context().latest() {
+        Some(f) if f.kind != ClientErrorKind::Transient => {
+            format!("{}: {}", f.kind.name(), f.error)
+        }
+        _ => e.to_string(),
+    };
+    anyhow::bail!(
+        "cannot reach Kafka at {} within {} s: {cause}",
+        config.bootstrap,
+        REACH_TIMEOUT.as_secs()
+    )
 }

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -114,14 +113,15 @@ pub struct TopicInfo {
 }
 
 pub struct Admin {
-    client: AdminClient<DefaultClientContext>,
+    client: AdminClient<crate::kafka::client::NodeContext>,
     replication: i32,
     timeout: Duration,
 }
 
 impl Admin {
     pub fn new(config: &Config) -> Result<Admin> {
-        let client = crate::kafka::base_config(config).create()?;
+        let client = crate::kafka::base_config(config)
+            .create_with_context(crate::kafka::client::NodeContext)?;
         Ok(Admin {
             client,
             replication: config.topics.replication_factor,

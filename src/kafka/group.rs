@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use rdkafka::admin::AdminClient;
 use rdkafka::bindings as rd;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
 
 use crate::config::Config;
@@ -41,7 +40,7 @@ const ANSWER_WAITS: u32 = 10;
 
 /// Describes consumer groups through a client of its own.
 pub struct GroupDescriber {
-    admin: AdminClient<DefaultClientContext>,
+    admin: AdminClient<super::client::NodeContext>,
 }
 
 impl GroupDescriber {
@@ -51,7 +50,9 @@ impl GroupDescriber {
     ) -> Result<GroupDescriber, rdkafka::error::KafkaError> {
         let mut c: ClientConfig = super::base_config(config);
         c.set("client.id", client_id);
-        Ok(GroupDescriber { admin: c.create()? })
+        Ok(GroupDescriber {
+            admin: c.create_with_context(super::client::NodeContext)?,
+        })
     }
 
     /// The members of `group` now; an empty list for a group with none (or none yet).

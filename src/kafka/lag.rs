@@ -5,22 +5,23 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::Config;
+use crate::kafka::client::{NodeConsumer, NodeContext};
 
 /// A consumer to ask about `group`'s offsets; it never joins the group.
-pub fn consumer(config: &Config, group: &str) -> anyhow::Result<BaseConsumer> {
+pub fn consumer(config: &Config, group: &str) -> anyhow::Result<NodeConsumer> {
     Ok(crate::kafka::consumer_config(config, group)
         .set("client.id", "tocsin-lag")
-        .create()?)
+        .create_with_context(NodeContext)?)
 }
 
 /// Per partition of `topic` in `partitions`: (end, lag). The lag is `None` when the group has
 /// no committed offset there (it has not read the partition yet).
 pub fn of(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<impl ConsumerContext>,
     topic: &str,
     partitions: &[i32],
     timeout: Duration,

@@ -2,6 +2,7 @@
 //! the Java-compatible partitioner.
 
 pub mod admin;
+pub mod client;
 pub mod group;
 pub mod lag;
 pub mod partitioner;

@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::kafka::client::{NodeConsumer, NodeContext};
 use crate::node::{NowFn, Reach};
 
 /// How often the probe asks.
@@ -28,10 +29,10 @@ pub fn watch(
     now: NowFn,
     shutdown: CancellationToken,
 ) -> Result<Arc<Reach>, KafkaError> {
-    let client: BaseConsumer = crate::kafka::base_config(config)
+    let client: NodeConsumer = crate::kafka::base_config(config)
         .set("client.id", "tocsin-broker-probe")
         .set("log_level", "0")
-        .create()?;
+        .create_with_context(NodeContext)?;
     let topic = config.topic("runs");
     let reach = Arc::new(Reach::default());
     let found = reach.clone();
@@ -45,6 +46,13 @@ pub fn watch(
                         found.last_error.lock().unwrap().take();
                     }
                     Err(e) => *found.last_error.lock().unwrap() = Some(e.to_string()),
+                }
+                // What librdkafka reported meanwhile (a refused login, a failed TLS handshake)
+                // comes out of the client's queue: typed for `/readyz` and `/status`.
+                while let Some(r) = client.poll(Duration::ZERO) {
+                    if let Err(e) = r {
+                        crate::kafka::client::report(&e, "broker probe");
+                    }
                 }
                 std::thread::sleep(PROBE_EVERY);
             }

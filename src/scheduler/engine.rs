@@ -88,7 +88,14 @@ struct GroupContext {
     events: Mutex<Vec<RebalanceEvent>>,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client::log(level, fac, message);
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        crate::kafka::client::report(&error, reason);
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -131,7 +138,7 @@ pub struct Engine {
     producer: TxnProducer,
     /// Shared with the offset fetch's thread.
     group: Arc<BaseConsumer<GroupContext>>,
-    restorer: BaseConsumer,
+    restorer: crate::kafka::client::NodeConsumer,
     /// The group's members and who held which partition, described on a thread of its own.
     membership: Membership,
     /// The committed-offset fetch of newly assigned partitions: (partition, assignment token).
@@ -285,7 +292,7 @@ impl Engine {
         let mut rc = crate::kafka::consumer_config(&config, "tocsin-restore-unused");
         rc.set("client.id", format!("tocsin-restore-{node_id}"));
         rc.set("fetch.wait.max.ms", "50");
-        let restorer: BaseConsumer = rc.create()?;
+        let restorer = rc.create_with_context(crate::kafka::client::NodeContext)?;
 
         let admin = Admin::new(&config)?;
         let limits = record_limits(&config, &admin, &runtime, &topics);
@@ -438,7 +445,9 @@ impl Engine {
                         }
                     }
                 }
-                Some(Err(e)) => warn!(error = %e, "consumer error"),
+                Some(Err(e)) => {
+                    crate::kafka::client::report(&e, "group consumer");
+                }
                 None => {}
             }
             let revoked = self.events();
@@ -803,7 +812,7 @@ impl Engine {
             let m = match m {
                 Ok(m) => m,
                 Err(e) => {
-                    warn!(error = %e, "restore consumer error");
+                    crate::kafka::client::report(&e, "restore consumer");
                     break;
                 }
             };

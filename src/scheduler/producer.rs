@@ -90,7 +90,14 @@ pub(super) struct DeliveryContext {
     refused: Mutex<Refusals>,
 }
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client::log(level, fac, message);
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        crate::kafka::client::report(&error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = ();
@@ -380,7 +387,8 @@ pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
         "transaction.timeout.ms",
         config.scheduler.transaction_timeout_ms.to_string(),
     );
-    let producer = c.create::<BaseProducer>();
+    let producer: Result<BaseProducer<crate::kafka::client::NodeContext>, _> =
+        c.create_with_context(crate::kafka::client::NodeContext);
     let result = (producer.as_ref())
         .map_err(|e| e.to_string())
         .and_then(|p| p.init_transactions(TXN_TIMEOUT).map_err(|e| e.to_string()));

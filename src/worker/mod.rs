@@ -3,8 +3,10 @@
 //! `control`, and send runs out of attempts (or refused by the worker's [`policy`]) to `dead`.
 //!
 //! It owns: the execution of runs and the commit of lane offsets. It must never commit an
-//! offset at or past a run that has not finished, and never run twice a run its ledger has
-//! seen finish.
+//! offset at or past a run that has not finished, never run twice a run its ledger has seen
+//! finish, and never start a copy of a run it is executing (a record delivered again after a
+//! rebalance while the first copy's reports wait on the broker): that copy waits, then finds
+//! the ledger entry.
 
 pub mod handler;
 pub mod ledger;
@@ -17,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -105,6 +107,54 @@ struct Shared {
     lanes: Arc<LaneContext>,
     global: Semaphore,
     tenants: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
+    /// The attempts this worker is executing now, from the ledger check until their ledger
+    /// entry is written; a copy delivered meanwhile waits on the receiver (see [`Claim`]).
+    executing: Mutex<HashMap<String, tokio::sync::watch::Receiver<()>>>,
+}
+
+/// One attempt's claim on its execution in this worker, held from before its ledger check
+/// until its ledger entry is written. A run's reports are delivered before its ledger entry
+/// is written, and while the broker is away that takes as long as the outage; a rebalance
+/// meanwhile hands the same record to this worker again, and without the claim that copy
+/// would find no ledger entry and run a second time. Dropping the claim wakes the copies
+/// waiting on it, which then find the ledger entry (or, when the first copy was handed back
+/// unstarted, none, and run).
+struct Claim<'a> {
+    executing: &'a Mutex<HashMap<String, tokio::sync::watch::Receiver<()>>>,
+    key: String,
+    _done: tokio::sync::watch::Sender<()>,
+}
+
+impl Claim<'_> {
+    /// Claims `key`, waiting first for any copy of it that holds the claim.
+    async fn take(shared: &Shared, key: String) -> Claim<'_> {
+        loop {
+            let mut held = {
+                let mut executing = shared.executing.lock().unwrap();
+                match executing.get(&key) {
+                    Some(held) => held.clone(),
+                    None => {
+                        let (done, held) = tokio::sync::watch::channel(());
+                        executing.insert(key.clone(), held);
+                        return Claim {
+                            executing: &shared.executing,
+                            key,
+                            _done: done,
+                        };
+                    }
+                }
+            };
+            info!(attempt = %key, "run delivered again while its first copy is executing here; waiting for it");
+            // Err once the holder drops its claim: then look again.
+            let _ = held.changed().await;
+        }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.executing.lock().unwrap().remove(&self.key);
+    }
 }
 
 /// Runs a worker of `config.worker.pool` until `shutdown`; then stops taking runs, waits for
@@ -155,7 +205,9 @@ pub async fn run(
                     "client.id",
                     format!("tocsin-worker-{}-lanes", opts.worker_id),
                 )
-                .create::<BaseConsumer>()?,
+                .create_with_context::<_, crate::kafka::client::NodeConsumer>(
+                    crate::kafka::client::NodeContext,
+                )?,
         )),
         false => None,
     };
@@ -188,6 +240,7 @@ pub async fn run(
         ledger,
         lanes: consumer.context().clone(),
         tenants: Mutex::new(HashMap::new()),
+        executing: Mutex::new(HashMap::new()),
     });
     let per_tenant = shared.config.worker.per_tenant_concurrency;
     let lanes = shared.lanes.clone();
@@ -267,7 +320,7 @@ pub async fn run(
             msg = consumer.recv() => {
                 let m = match msg {
                     Ok(m) => m,
-                    Err(e) => { warn!(error = %e, "lane consumer error"); continue; }
+                    Err(e) => { crate::kafka::client::report(&e, "lane consumer"); continue; }
                 };
                 let (topic, partition, offset) = (m.topic().to_owned(), m.partition(), m.offset());
                 // A record fetched before its partition was revoked: the next owner runs it.
@@ -351,7 +404,7 @@ const LANE_DISCOVERY: Duration = Duration::from_secs(1);
 /// The topics named `<prefix>lane.…` in the broker's metadata (asked off the runtime's threads:
 /// the call blocks for up to its timeout).
 async fn lanes_in(
-    meta: Arc<BaseConsumer>,
+    meta: Arc<crate::kafka::client::NodeConsumer>,
     lane_prefix: String,
 ) -> Result<BTreeSet<String>, WorkerError> {
     let md =
@@ -405,8 +458,10 @@ fn attempt_key(run: &Run) -> String {
 /// `runs`, the completion or retry request on `control`, the dead letter) are enqueued on the
 /// producer without waiting for each in turn; the run counts as finished (its offset may be
 /// committed past, its ledger entry written) only once all of them are acknowledged.
+///
+/// A copy of an attempt delivered while this worker executes it waits for that execution,
+/// and then finds its ledger entry ([`Claim`]).
 async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> bool {
-    let now = (shared.now)();
     let tenant_sem = {
         let tenants = shared.tenants.lock().unwrap();
         tenants[&run.tenant].0.clone()
@@ -416,6 +471,8 @@ async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> 
             e.1 -= 1;
         }
     };
+    let _claim = Claim::take(shared, attempt_key(&run)).await;
+    let now = (shared.now)();
     if shared.ledger.finished(&run.run_id, now) || shared.ledger.finished(&attempt_key(&run), now) {
         info!(run = %run.run_id, job = %run.job_id, attempt = run.attempt, "redelivered run already finished; skipped");
         done(shared);

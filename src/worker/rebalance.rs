@@ -187,6 +187,12 @@ impl LaneContext {
 }
 
 impl ClientContext for LaneContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka::client::log(level, fac, message);
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        crate::kafka::client::report(&error, reason);
+    }
     fn stats(&self, statistics: rdkafka::Statistics) {
         crate::telemetry::lane_consumer_statistics(&statistics);
     }
