@@ -82,7 +82,8 @@ pub async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<()> {
             "http": beat.http,
             "version": beat.version,
             "live": live,
-            "heard_ms_ago": now - beat.at_ms,
+            // `now` is taken before the heartbeats are read: one written meanwhile is 0 ms old.
+            "heard_ms_ago": (now - beat.at_ms).max(0),
             "ready": beat.ready,
             "fires": beat.fires,
             "last_error": beat.last_error.as_ref().map(|(at, e)| json!({ "at_ms": at, "error": e })),
