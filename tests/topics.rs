@@ -110,6 +110,19 @@ async fn ensure_refuses_a_jobs_topic_with_other_settings() {
         .await
         .unwrap();
     assert!(created[0].is_ok());
+    // A topic that already exists: seen in the broker's metadata (a create returns once the
+    // controller has it, a moment before every broker's metadata shows it).
+    // After a fleet's 3 × 1024 partitions were made and deleted, that can take a while.
+    common::fleet::wait_until(
+        Duration::from_secs(180),
+        "the jobs topic in metadata",
+        || {
+            admin
+                .inner()
+                .fetch_metadata(Some(&jobs), Duration::from_secs(5))
+                .is_ok_and(|md| md.topics().iter().any(|t| t.partitions().len() == 8))
+        },
+    );
 
     let mut config = config;
     config.topics.job_partitions = 1024;
