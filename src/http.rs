@@ -710,16 +710,17 @@ mod tests {
     #[test]
     fn a_refused_login_makes_a_node_not_ready_at_once_naming_it_until_a_broker_answers() {
         use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        let fault = |e: &KafkaError, reason: &str| ClientFault::of(e, reason).unwrap();
         let reach = Arc::new(Reach::default());
         let e = scheduler(8, 8, true).with_brokers(reach.clone());
         reach.answered_ms.store(now_ms() - 10, Ordering::Relaxed);
         // Every broker down is what a probe's silence decides, not the error itself.
-        e.client_faults.record(ClientFault::of(
+        e.client_faults.record(fault(
             &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
             "1/1 brokers are down",
         ));
         assert_eq!(get(&e, "/readyz").status, 200);
-        e.client_faults.record(ClientFault::of(
+        e.client_faults.record(fault(
             &KafkaError::Global(RDKafkaErrorCode::Authentication),
             "SASL authentication error: Authentication failed during authentication due to \
              invalid credentials with SASL mechanism SCRAM-SHA-512",
@@ -747,7 +748,7 @@ mod tests {
             now_ms() - crate::node::UNREACHABLE_AFTER_MS - 2_000,
             Ordering::Relaxed,
         );
-        e.client_faults.record(ClientFault::of(
+        e.client_faults.record(fault(
             &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
             "1/1 brokers are down",
         ));

@@ -144,15 +144,8 @@ pub fn describe() {
         CLIENT_ERRORS,
         "Errors the node's Kafka clients reported outside any one request, by kind: authentication, authorization, tls, all_brokers_down, fatal, transient."
     );
-    for kind in [
-        "authentication",
-        "authorization",
-        "tls",
-        "all_brokers_down",
-        "fatal",
-        "transient",
-    ] {
-        counter!(CLIENT_ERRORS, "kind" => kind).increment(0);
+    for kind in crate::kafka::client::ClientErrorKind::ALL {
+        counter!(CLIENT_ERRORS, "kind" => kind.name()).increment(0);
     }
     describe_gauge!(
         PARTITIONS,
@@ -161,20 +154,21 @@ pub fn describe() {
 }
 
 /// A Kafka client of this node reported an error outside any one request (`kafka::client`):
-/// logged at `error` when it takes the node out of service, `warn` when waiting cures it.
-pub fn kafka_client_error(kind: &'static str, blocks_readiness: bool, error: &str) {
-    if blocks_readiness {
-        tracing::error!(kind, error, "kafka client error; the node is not ready");
-    } else {
-        tracing::warn!(kind, error, "kafka client error");
+/// counted, and logged with its words at `error` when it takes the node out of service, `warn`
+/// when waiting cures it; without words when librdkafka's own log line said it.
+pub fn kafka_client_error(kind: crate::kafka::client::ClientErrorKind, error: Option<&str>) {
+    match error {
+        Some(error) if kind.blocks_readiness() => {
+            tracing::error!(
+                kind = kind.name(),
+                error,
+                "kafka client error; the node is not ready"
+            )
+        }
+        Some(error) => tracing::warn!(kind = kind.name(), error, "kafka client error"),
+        None => {}
     }
-    counter!(CLIENT_ERRORS, "kind" => kind).increment(1);
-}
-
-/// A Kafka client of this node logged a connection failure of `kind` (`kafka::client::log`):
-/// counted; librdkafka's own line says the rest.
-pub fn kafka_client_error_counted(kind: &'static str) {
-    counter!(CLIENT_ERRORS, "kind" => kind).increment(1);
+    counter!(CLIENT_ERRORS, "kind" => kind.name()).increment(1);
 }
 
 /// A scheduler's counters exist from its start, so a scrape before the first event shows 0

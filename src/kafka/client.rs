@@ -33,6 +33,15 @@ pub enum ClientErrorKind {
 }
 
 impl ClientErrorKind {
+    pub const ALL: [ClientErrorKind; 6] = [
+        ClientErrorKind::Authentication,
+        ClientErrorKind::Authorization,
+        ClientErrorKind::Tls,
+        ClientErrorKind::AllBrokersDown,
+        ClientErrorKind::Fatal,
+        ClientErrorKind::Transient,
+    ];
+
     /// The kind's name in `/status`, logs and the metric's `kind` label.
     pub fn name(self) -> &'static str {
         match self {
@@ -76,11 +85,6 @@ pub fn classify(code: RDKafkaErrorCode) -> ClientErrorKind {
     }
 }
 
-/// The code a client error carries, when it carries one.
-fn code_of(error: &KafkaError) -> Option<RDKafkaErrorCode> {
-    error.rdkafka_error_code()
-}
-
 /// A client error as the node reports it: its kind, librdkafka's words, and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientFault {
@@ -108,17 +112,31 @@ fn merge(latest: &mut Option<ClientFault>, fault: ClientFault) {
 }
 
 impl ClientFault {
-    /// `error` (with librdkafka's `reason`), classified, as of now.
-    pub fn of(error: &KafkaError, reason: &str) -> ClientFault {
-        let kind = code_of(error).map_or(ClientErrorKind::Transient, classify);
-        ClientFault {
-            kind,
+    /// `error` (with librdkafka's `reason`), classified, as of now; `None` for the end of a
+    /// partition, which a reader that asked to be told gets as news, not as an error.
+    pub fn of(error: &KafkaError, reason: &str) -> Option<ClientFault> {
+        let code = error.rdkafka_error_code();
+        if code == Some(RDKafkaErrorCode::PartitionEOF) {
+            return None;
+        }
+        Some(ClientFault {
+            kind: code.map_or(ClientErrorKind::Transient, classify),
             error: match reason {
                 "" => error.to_string(),
                 _ => format!("{error}: {reason}"),
             },
             at_ms: crate::node::system_clock()(),
-        }
+        })
+    }
+
+    /// A librdkafka log line that reports a refused login or a failed TLS handshake
+    /// ([`classify_log`]), as of now.
+    fn logged(level: RDKafkaLogLevel, fac: &str, message: &str) -> Option<ClientFault> {
+        Some(ClientFault {
+            kind: classify_log(level, fac, message)?,
+            error: message.to_owned(),
+            at_ms: crate::node::system_clock()(),
+        })
     }
 }
 
@@ -148,13 +166,8 @@ impl ClientFaults {
 /// Reports a client error of this process: classified, counted and logged
 /// (`telemetry::kafka_client_error`), and kept as its latest fault. Returns it.
 pub fn report(error: &KafkaError, reason: &str) -> Option<ClientFault> {
-    // The end of a partition, for a reader that asked to be told: news, not an error.
-    if code_of(error) == Some(RDKafkaErrorCode::PartitionEOF) {
-        return None;
-    }
-    let fault = ClientFault::of(error, reason);
-    let kind = fault.kind;
-    crate::telemetry::kafka_client_error(kind.name(), kind.blocks_readiness(), &fault.error);
+    let fault = ClientFault::of(error, reason)?;
+    crate::telemetry::kafka_client_error(fault.kind, Some(&fault.error));
     ClientFaults::process().record(fault.clone());
     Some(fault)
 }
@@ -191,13 +204,9 @@ pub fn log(level: RDKafkaLogLevel, fac: &str, message: &str) {
         L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
         L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
     }
-    if let Some(kind) = classify_log(level, fac, message) {
-        crate::telemetry::kafka_client_error_counted(kind.name());
-        ClientFaults::process().record(ClientFault {
-            kind,
-            error: message.to_owned(),
-            at_ms: crate::node::system_clock()(),
-        });
+    if let Some(fault) = ClientFault::logged(level, fac, message) {
+        crate::telemetry::kafka_client_error(fault.kind, None);
+        ClientFaults::process().record(fault);
     }
 }
 
@@ -233,10 +242,9 @@ pub struct Recording(Mutex<Option<ClientFault>>);
 
 impl Recording {
     pub fn record(&self, error: &KafkaError, reason: &str) {
-        if code_of(error) == Some(RDKafkaErrorCode::PartitionEOF) {
-            return;
+        if let Some(fault) = ClientFault::of(error, reason) {
+            merge(&mut self.0.lock().unwrap(), fault);
         }
-        merge(&mut self.0.lock().unwrap(), ClientFault::of(error, reason));
     }
 
     /// The most telling error seen: the latest that is not transient, else the latest.
@@ -252,12 +260,7 @@ impl ClientContext for Recording {
 
     /// Quiet: only a line [`classify_log`] types is kept (as the latest error).
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        if let Some(kind) = classify_log(level, fac, message) {
-            let fault = ClientFault {
-                kind,
-                error: message.to_owned(),
-                at_ms: crate::node::system_clock()(),
-            };
+        if let Some(fault) = ClientFault::logged(level, fac, message) {
             merge(&mut self.0.lock().unwrap(), fault);
         }
     }

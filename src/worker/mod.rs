@@ -471,9 +471,9 @@ async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> 
             e.1 -= 1;
         }
     };
-    let _claim = Claim::take(shared, attempt_key(&run)).await;
+    let claim = Claim::take(shared, attempt_key(&run)).await;
     let now = (shared.now)();
-    if shared.ledger.finished(&run.run_id, now) || shared.ledger.finished(&attempt_key(&run), now) {
+    if shared.ledger.finished(&run.run_id, now) || shared.ledger.finished(&claim.key, now) {
         info!(run = %run.run_id, job = %run.job_id, attempt = run.attempt, "redelivered run already finished; skipped");
         done(shared);
         return true;
