@@ -96,7 +96,7 @@ pub fn describe() {
     );
     describe_counter!(
         FENCES,
-        "Previous owners' transactional ids this node initialised to end their open transactions, by outcome: done, failed."
+        "Previous owners' transactional ids this node initialised to end their open transactions, by outcome (done, failed) and trigger (departed: the group no longer has the partition's previous holder; offset_fetch_held; barrier_late)."
     );
     describe_counter!(
         REBALANCES,
@@ -181,7 +181,9 @@ pub fn scheduler_started() {
         counter!(ABORTS, "reason" => reason).increment(0);
     }
     for outcome in ["done", "failed"] {
-        counter!(FENCES, "outcome" => outcome).increment(0);
+        for trigger in crate::scheduler::takeover::Trigger::ALL {
+            counter!(FENCES, "outcome" => outcome, "trigger" => trigger.label()).increment(0);
+        }
     }
 }
 
@@ -255,19 +257,20 @@ pub fn partition_active(partition: i32, timers: usize, advanced: usize, took: Op
 }
 
 /// A fence of `owner`'s transactional id finished (`Ok`: its open transaction is over).
-pub fn fenced(owner: &str, took: Duration, result: Result<(), String>) {
+pub fn fenced(owner: &str, trigger: &'static str, took: Duration, result: Result<(), String>) {
     match result {
         Ok(()) => {
             info!(
                 previous_owner = owner,
+                trigger,
                 elapsed_ms = took.as_millis() as u64,
                 "fenced the previous owner's open transaction"
             );
-            counter!(FENCES, "outcome" => "done").increment(1);
+            counter!(FENCES, "outcome" => "done", "trigger" => trigger).increment(1);
         }
         Err(e) => {
-            tracing::warn!(previous_owner = owner, error = %e, "could not fence the previous owner");
-            counter!(FENCES, "outcome" => "failed").increment(1);
+            tracing::warn!(previous_owner = owner, trigger, error = %e, "could not fence the previous owner");
+            counter!(FENCES, "outcome" => "failed", "trigger" => trigger).increment(1);
         }
     }
 }

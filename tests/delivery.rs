@@ -282,12 +282,7 @@ async fn kill_9_of_a_delivering_node_loses_and_duplicates_nothing_in_the_target(
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    wait_watching(
-        Duration::from_secs(60),
-        "both nodes active",
-        &[&n1, &n2],
-        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
-    );
+    wait_sharing(&[&n1, &n2], parts);
     let jobs: Vec<_> = (0..2_000)
         .map(|i| kafka_job(&format!("k-{i}"), every(1000), &target, b"payload"))
         .collect();

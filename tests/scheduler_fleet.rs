@@ -11,7 +11,7 @@ use common::http::{free_addr, get};
 use common::topics::read_all;
 use tocsin::model::job::{JobDefinition, MisfirePolicy};
 use tocsin::model::records::FireReason;
-use tocsin::scheduler::HOLD_TRANSACTION_ENV;
+use tocsin::scheduler::{HOLD_BEFORE_OFFSETS, HOLD_TRANSACTION_ENV};
 
 /// The fleet tests load the machine; one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -87,12 +87,7 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    wait_watching(
-        Duration::from_secs(60),
-        "both nodes active",
-        &[&n1, &n2],
-        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
-    );
+    wait_sharing(&[&n1, &n2], parts);
     assert_co_partitioned(&n1);
     assert_co_partitioned(&n2);
     let jobs = every_second_jobs(300, "acme", "h");
@@ -124,12 +119,7 @@ async fn kill_9_loses_and_duplicates_nothing() {
     let n1 = Node::start(&config, dir.path(), "n1");
     let n2 = Node::start(&config, dir.path(), "n2");
     let parts = config.topics.job_partitions as usize;
-    wait_watching(
-        Duration::from_secs(60),
-        "both nodes active",
-        &[&n1, &n2],
-        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
-    );
+    wait_sharing(&[&n1, &n2], parts);
     let jobs = every_second_jobs(5_000, "acme", "k");
     let t0 = now_ms();
     put_jobs(&config, &jobs).await;
@@ -152,6 +142,77 @@ async fn kill_9_loses_and_duplicates_nothing() {
     );
 }
 
+/// Two nodes, n1 with the test hook that holds a transaction open ([`HOLD_TRANSACTION_ENV`]),
+/// n2 with an HTTP listener, both active, firing 1,000 every-second jobs for 4 s.
+struct HeldPair {
+    n1: Node,
+    n2: Node,
+    n2_http: std::net::SocketAddr,
+    parts: usize,
+    hold: std::path::PathBuf,
+    jobs: Vec<JobDefinition>,
+    t0: i64,
+}
+
+impl HeldPair {
+    async fn start(config: &tocsin::config::Config, dir: &TestDir) -> HeldPair {
+        let hold = dir.path().join("hold");
+        let n1 = Node::spawn_env(
+            config,
+            dir.path(),
+            "n1",
+            &["scheduler", "--node-id", "n1"],
+            &[(HOLD_TRANSACTION_ENV, hold.as_os_str())],
+        );
+        let n2_http = free_addr();
+        let n2 = Node::spawn(
+            config,
+            dir.path(),
+            "n2",
+            &[
+                "scheduler",
+                "--node-id",
+                "n2",
+                "--http-listen",
+                &n2_http.to_string(),
+            ],
+        );
+        let parts = config.topics.job_partitions as usize;
+        wait_sharing(&[&n1, &n2], parts);
+        let jobs = every_second_jobs(1_000, "acme", "z");
+        let t0 = now_ms();
+        put_jobs(config, &jobs).await;
+        std::thread::sleep(Duration::from_secs(4));
+        assert_eq!(
+            fences_done(n2_http),
+            0,
+            "n2 fenced before anything happened"
+        );
+        HeldPair {
+            n1,
+            n2,
+            n2_http,
+            parts,
+            hold,
+            jobs,
+            t0,
+        }
+    }
+
+    /// Makes n1 hold its next transaction as the hook's file says (`says`), and waits until
+    /// it does.
+    fn hold(&self, says: &[u8]) {
+        std::fs::write(&self.hold, says).unwrap();
+        let held = self.hold.with_extension("held");
+        wait_watching(
+            Duration::from_secs(30),
+            "n1 holds a transaction open",
+            &[&self.n1],
+            || held.exists(),
+        );
+    }
+}
+
 /// A node stopped (SIGSTOP) with a transaction open: the group drops it after its session
 /// timeout, and the node taking its partitions, finding their committed offsets held by that
 /// transaction, fences it at once instead of waiting for the broker's transaction timeout.
@@ -160,53 +221,18 @@ async fn kill_9_loses_and_duplicates_nothing() {
 async fn a_paused_zombie_is_fenced() {
     let _g = SERIAL.lock().await;
     let (config, dir) = setup("zombie").await;
-    let hold = dir.path().join("hold");
-    let n1 = Node::spawn_env(
-        &config,
-        dir.path(),
-        "n1",
-        &["scheduler", "--node-id", "n1"],
-        &[(HOLD_TRANSACTION_ENV, hold.as_os_str())],
-    );
-    let n2_http = free_addr();
-    let n2 = Node::spawn(
-        &config,
-        dir.path(),
-        "n2",
-        &[
-            "scheduler",
-            "--node-id",
-            "n2",
-            "--http-listen",
-            &n2_http.to_string(),
-        ],
-    );
-    let parts = config.topics.job_partitions as usize;
-    wait_watching(
-        Duration::from_secs(60),
-        "both nodes active",
-        &[&n1, &n2],
-        || n1.holds() > 0 && n2.holds() > 0 && n1.holds() + n2.holds() == parts,
-    );
-    let jobs = every_second_jobs(1_000, "acme", "z");
-    let t0 = now_ms();
-    put_jobs(&config, &jobs).await;
-    std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(
-        fences_done(n2_http),
-        0,
-        "n2 fenced before anything happened"
-    );
-
+    let pair = HeldPair::start(&config, &dir).await;
     // n1's next transaction stops short of its commit, and n1 stops with it open.
-    std::fs::write(&hold, b"").unwrap();
-    let held = hold.with_extension("held");
-    wait_watching(
-        Duration::from_secs(30),
-        "n1 holds a transaction open",
-        &[&n1],
-        || held.exists(),
-    );
+    pair.hold(b"");
+    let HeldPair {
+        n1,
+        n2,
+        n2_http,
+        parts,
+        hold,
+        jobs,
+        t0,
+    } = pair;
     n1.signal(libc::SIGSTOP);
     std::fs::remove_file(&hold).unwrap();
     let before = active_count(&n2);
@@ -217,25 +243,8 @@ async fn a_paused_zombie_is_fenced() {
         || active_count(&n2) > before && n2.holds() == parts,
     );
     // The survivor fenced the zombie itself: the broker's own abort (after the transaction
-    // timeout) would have freed the partitions too, but counts no fence. The fence's
-    // `init_transactions` answers a little after the abort it caused freed the partitions, so
-    // the count may lag their activation by a moment.
-    let counted = Instant::now() + Duration::from_secs(10);
-    let mut fences = fences_done(n2_http);
-    while fences == 0 && Instant::now() < counted {
-        std::thread::sleep(Duration::from_millis(200));
-        fences = fences_done(n2_http);
-    }
-    assert!(
-        fences >= 1,
-        "n2 took over without fencing n1 (tocsin_fences_total{{outcome=\"done\"}} = {fences}):\n{}",
-        n2.log_text()
-    );
-    assert!(
-        n2.log_text().contains("owner=n1"),
-        "n2 fenced someone other than n1:\n{}",
-        n2.log_text()
-    );
+    // timeout) would have freed the partitions too, but counts no fence.
+    let fences = assert_fenced_n1(&n2, n2_http, None);
     std::thread::sleep(Duration::from_secs(2));
     n1.signal(libc::SIGCONT);
     std::thread::sleep(Duration::from_secs(6));
@@ -254,14 +263,87 @@ async fn a_paused_zombie_is_fenced() {
     );
 }
 
-/// `tocsin_fences_total{outcome="done"}` on the node serving `addr`.
+/// Asserts that the node `n2` (serving `addr`) fenced n1, by `trigger` (any: `None`), as
+/// `tocsin_fences_total{outcome="done"}` counts it; returns the count. The fence's
+/// `init_transactions` answers a little after the abort it caused freed the partitions, so the
+/// count may lag their activation by a moment.
+fn assert_fenced_n1(n2: &Node, addr: std::net::SocketAddr, trigger: Option<&str>) -> u64 {
+    let counted = Instant::now() + Duration::from_secs(10);
+    let mut done = fences(addr, trigger);
+    while done == 0 && Instant::now() < counted {
+        std::thread::sleep(Duration::from_millis(200));
+        done = fences(addr, trigger);
+    }
+    assert!(
+        done >= 1,
+        "n2 took over without fencing n1 (tocsin_fences_total{{outcome=\"done\"}}, trigger \
+         {trigger:?}: {done}):\n{}",
+        n2.log_text()
+    );
+    assert!(
+        n2.log_text().contains("owner=n1"),
+        "n2 fenced someone other than n1:\n{}",
+        n2.log_text()
+    );
+    done
+}
+
+/// `tocsin_fences_total{outcome="done"}` on the node serving `addr`, summed over triggers.
 fn fences_done(addr: std::net::SocketAddr) -> u64 {
+    fences(addr, None)
+}
+
+/// `tocsin_fences_total{outcome="done"}` of `trigger` (every trigger: `None`).
+fn fences(addr: std::net::SocketAddr, trigger: Option<&str>) -> u64 {
     let (code, body) = get(addr, "/metrics").expect("the node's /metrics answers");
     assert_eq!(code, 200, "{body}");
+    let wanted = trigger.map(|t| format!("trigger=\"{t}\""));
     body.lines()
-        .find(|l| l.starts_with("tocsin_fences_total{") && l.contains("outcome=\"done\""))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+        .filter(|l| l.starts_with("tocsin_fences_total{") && l.contains("outcome=\"done\""))
+        .filter(|l| wanted.as_ref().is_none_or(|w| l.contains(w.as_str())))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A node killed while its transaction holds the lanes, before it sent its offsets: nothing
+/// of the new owner's restore waits on that transaction (the offset fetch is answered, the
+/// barrier comes back: plain fires write no `timers`), yet every lane is held by it, for every
+/// tenant and node, until it ends. The new owner fences the node as soon as the group no
+/// longer has it (`trigger="departed"`), not after the broker's transaction timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_owner_holding_the_lanes_is_fenced_at_once() {
+    let _g = SERIAL.lock().await;
+    let (config, dir) = setup("lanesheld").await;
+    let pair = HeldPair::start(&config, &dir).await;
+    // n1's next transaction stops with its records acknowledged and its offsets not sent.
+    pair.hold(HOLD_BEFORE_OFFSETS.as_bytes());
+    let HeldPair {
+        n1,
+        n2,
+        n2_http,
+        parts,
+        jobs,
+        t0,
+        ..
+    } = pair;
+    n1.kill();
+    let before = active_count(&n2);
+    wait_watching(
+        Duration::from_secs(90),
+        "n2 takes over from the killed node",
+        &[&n2],
+        || active_count(&n2) > before && n2.holds() == parts,
+    );
+    let departed = assert_fenced_n1(&n2, n2_http, Some("departed"));
+    std::thread::sleep(Duration::from_secs(4));
+    let t_end = now_ms();
+    n2.stop();
+    let seen = audit(&config, Duration::from_secs(4));
+    let worst = assert_exactly_once(&seen, &jobs, t0 + 2_000, t_end - 2_000);
+    println!(
+        "lanes held by a killed node: {} runs, worst lateness {worst} ms, n2's fences {departed}",
+        seen.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -25,10 +25,10 @@ use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::lane::{self, h};
 use super::lifecycle::{Action, Event, Lifecycle};
-use super::producer::{fence_owner, fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
+use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
-use super::takeover::{self, Fetched, Membership, OffsetFetch};
+use super::takeover::{Fencer, Fetched, Held, OffsetFetch, Trigger};
 use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery};
@@ -52,8 +52,6 @@ const SEQ_HEADER: &str = "tocsin-seq";
 /// A checkpoint older than this is not trusted: compaction may since have removed tombstones
 /// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
-/// A node fenced this recently is not fenced again (its abort is still being written).
-const FENCE_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// How long a newly assigned partition's committed-offset fetch may go unanswered before the
 /// broker is taken to be holding it for a departed owner's open transaction
 /// (`UNSTABLE_OFFSET_COMMIT`), whose owner is then fenced if the group no longer has it. An
@@ -139,8 +137,8 @@ pub struct Engine {
     /// Shared with the offset fetch's thread.
     group: Arc<BaseConsumer<GroupContext>>,
     restorer: crate::kafka::client::NodeConsumer,
-    /// The group's members and who held which partition, described on a thread of its own.
-    membership: Membership,
+    /// Whom to fence, from the group's membership (described on a thread of its own).
+    fencer: Fencer,
     /// The committed-offset fetch of newly assigned partitions: (partition, assignment token).
     fetch: OffsetFetch<Vec<(i32, String)>>,
     admin: Admin,
@@ -169,8 +167,6 @@ pub struct Engine {
     /// been in the group `IDLE_READY_AFTER` without.
     subscribed: Option<Instant>,
     limits: Limits,
-    /// Previous owners fenced, and when.
-    fenced: HashMap<String, Instant>,
     /// Jobs (by key) whose records the broker refused, with the reason and how often: at
     /// `QUARANTINE_AFTER` the job is set aside (`quarantine_record`, `quarantine_timer`).
     suspects: HashMap<String, (u32, String)>,
@@ -273,7 +269,10 @@ impl Engine {
         let mut gc = crate::kafka::consumer_config(&config, &config.scheduler.group_id);
         // The member's client id names its fleet and node, as the transactional id does: the
         // membership (`takeover`) tells this fleet's nodes from another's in a shared group.
-        gc.set("client.id", takeover::member_client_id(&config, &node_id));
+        gc.set(
+            "client.id",
+            super::takeover::member_client_id(&config, &node_id),
+        );
         gc.set("group.protocol", "consumer");
         // The broker's range assignor gives partition p of `jobs` and of `control` to the
         // same member: the two topics are co-partitioned.
@@ -287,7 +286,7 @@ impl Engine {
         }
         let group: BaseConsumer<GroupContext> = gc.create_with_context(GroupContext::default())?;
         let group = Arc::new(group);
-        let membership = Membership::start(&config, &node_id, &topics.jobs);
+        let fencer = Fencer::start(&config, &node_id, &topics.jobs);
 
         let mut rc = crate::kafka::consumer_config(&config, "tocsin-restore-unused");
         rc.set("client.id", format!("tocsin-restore-{node_id}"));
@@ -306,7 +305,7 @@ impl Engine {
             producer,
             group,
             restorer,
-            membership,
+            fencer,
             fetch: OffsetFetch::default(),
             admin,
             runtime,
@@ -323,7 +322,6 @@ impl Engine {
             assigned_once: false,
             subscribed: None,
             limits,
-            fenced: HashMap::new(),
             suspects: HashMap::new(),
             targets,
             dead_targets: HashMap::new(),
@@ -395,6 +393,7 @@ impl Engine {
         let batch = self.poll_group(Duration::from_millis(wait))?;
         // The restore's steps, only while a partition restores (or a fetch for one is out).
         if self.fetch.in_flight().is_some() || self.parts.values().any(|p| !p.is_active()) {
+            self.fencer.fence_departed_holders();
             self.fetch_offsets();
             self.write_barriers()?;
             self.poll_restore()?;
@@ -495,6 +494,7 @@ impl Engine {
                 HashMap::new()
             };
             let bounds = self.timers_bounds(&checkpoints);
+            let restores_began = Instant::now();
             for (topic, p) in parts {
                 if topic != self.topics.jobs {
                     continue; // `control` p follows `jobs` p
@@ -512,7 +512,7 @@ impl Engine {
                 // every restore above began. One asked before them is older than the restores
                 // it is for, and a held restore then waited for the next, `DESCRIBE_EVERY`
                 // (2 s) later, before it could fence.
-                self.membership.refresh();
+                self.fencer.assigned(&jobs, restores_began);
             }
         }
         revoked
@@ -620,6 +620,8 @@ impl Engine {
         self.committed.remove(&(self.topics.jobs.clone(), p));
         self.committed.remove(&(self.topics.control.clone(), p));
         self.progress.remove(&p);
+        self.restore_started.remove(&p);
+        self.fencer.settled(p);
     }
 
     /// Fetches the committed offsets (and progress) of newly assigned partitions, one fetch at a
@@ -634,7 +636,8 @@ impl Engine {
                         .filter(|(p, token)| self.restoring(*p, token))
                         .map(|(p, _)| *p)
                         .collect();
-                    self.fence_departed(&held, "offset fetch held");
+                    let held = self.held(&held);
+                    self.fencer.fence_held(&held, Trigger::OffsetFetchHeld);
                 }
                 return;
             }
@@ -883,9 +886,9 @@ impl Engine {
     /// A barrier that does not come back means an open transaction holds the partition: the
     /// previous owner died or stalled mid-transaction. Rather than wait for the broker to
     /// abort it (`transaction.timeout.ms`, plus its abort sweep), fence that owner's
-    /// transactional id, which aborts the transaction at once. On a thread of its own, so
-    /// firing of the partitions already active goes on. A live previous owner loses only its
-    /// open transaction (nothing of it was applied) and recreates its producer.
+    /// transactional id, which aborts the transaction at once (`Fencer`, which fences only a
+    /// node the group no longer has, on a thread of its own, so firing of the partitions
+    /// already active goes on).
     fn fence_stalled_owners(&mut self) {
         let now_ms = self.mono_ms();
         let late: Vec<i32> = (self.parts.iter_mut())
@@ -895,68 +898,22 @@ impl Engine {
             })
             .collect();
         if !late.is_empty() {
-            self.fence_departed(&late, "barrier late");
+            let held = self.held(&late);
+            self.fencer.fence_held(&held, Trigger::BarrierLate);
         }
     }
 
-    /// Fences the previous owners of the restoring partitions `held` (those the group's
-    /// membership saw holding them, and those their replayed barriers name) that the group no
-    /// longer has as members: never a live node, never this one.
-    fn fence_departed(&mut self, held: &[i32], why: &str) {
-        let mut owners = BTreeSet::new();
-        let mut unknown = 0;
-        self.membership.with_roster(|roster| {
-            for p in held {
-                let Some(part) = self.parts.get(p) else {
-                    continue;
-                };
-                let candidates: BTreeSet<String> = (roster.previous_holder(*p, &self.node_id))
-                    .into_iter()
-                    .chain(part.previous_owner())
-                    .map(str::to_owned)
-                    .collect();
-                let since = self
-                    .restore_started
-                    .get(p)
-                    .copied()
-                    .unwrap_or_else(Instant::now);
-                match takeover::to_fence(roster, &self.node_id, candidates, since) {
-                    Some(departed) => owners.extend(departed),
-                    None => unknown += 1,
-                }
-            }
-        });
-        if unknown > 0 {
-            debug!(
-                partitions = unknown,
-                reason = why,
-                "restore held; group membership since the assignment not known yet"
-            );
-        }
-        self.fence(owners, held.len(), why);
-    }
-
-    /// Fences each of `owners` on a side thread, at most once per `FENCE_AGAIN_AFTER`.
-    fn fence(&mut self, owners: BTreeSet<String>, held: usize, why: &str) {
-        for owner in owners {
-            let recent = self
-                .fenced
-                .get(&owner)
-                .is_some_and(|at| at.elapsed() < FENCE_AGAIN_AFTER);
-            if recent {
-                continue;
-            }
-            self.fenced.insert(owner.clone(), Instant::now());
-            info!(owner = %owner, reason = why, partitions = held, "fencing a departed owner");
-            let config = self.config.clone();
-            let me = self.node_id.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("fence-{owner}"))
-                .spawn(move || fence_owner(&config, &me, &owner));
-            if let Err(e) = spawned {
-                warn!(error = %e, "could not start the fencing thread");
-            }
-        }
+    /// What the fencer needs of the restoring partitions `ps`.
+    fn held(&self, ps: &[i32]) -> Vec<Held> {
+        (ps.iter())
+            .filter_map(|p| {
+                Some(Held {
+                    partition: *p,
+                    since: self.restore_started.get(p).copied()?,
+                    barrier_owner: self.parts.get(p)?.previous_owner().map(str::to_owned),
+                })
+            })
+            .collect()
     }
 
     /// Starts firing `p`, whose replay just completed, after applying what was consumed of
@@ -972,6 +929,7 @@ impl Engine {
         progress.seq = progress.seq.max(max_seq);
         let advanced = self.advance_to_progress(p)?;
         let took = self.restore_started.remove(&p).map(|t| t.elapsed());
+        self.fencer.settled(p);
         telemetry::partition_active(p, timers, advanced, took);
         if !buffered.is_empty() {
             self.transact(buffered, &[])?;

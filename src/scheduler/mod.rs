@@ -12,7 +12,7 @@ mod producer;
 
 pub use deliver::{look_up as look_up_target, Target};
 pub use engine::other_tenants_job;
-pub use producer::HOLD_TRANSACTION_ENV;
+pub use producer::{HOLD_BEFORE_OFFSETS, HOLD_TRANSACTION_ENV};
 pub mod fair;
 pub mod fire;
 pub mod lane;

@@ -23,11 +23,12 @@ use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::deliver;
+use super::takeover::Trigger;
 use super::SchedulerError;
 use crate::config::Config;
 
@@ -39,8 +40,29 @@ pub(super) const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 const DELIVERY_POLL: Duration = Duration::from_millis(1);
 /// A hook for tests of takeover, not a setting: while the file this variable names exists, a
 /// transaction about to commit (its records acknowledged, its offsets sent) waits, after
-/// creating `FILE.held`. A test then stops or kills the node with a transaction open.
+/// creating `FILE.held`. A test then stops or kills the node with a transaction open. A file
+/// that says [`HOLD_BEFORE_OFFSETS`] holds the transaction before its offsets are sent: it
+/// then holds the lanes and `runs`, not the offsets a new owner fetches.
 pub const HOLD_TRANSACTION_ENV: &str = "TOCSIN_TEST_HOLD_TRANSACTION";
+/// What the hook's file says to hold a transaction before its offsets are sent.
+pub const HOLD_BEFORE_OFFSETS: &str = "before-offsets";
+
+/// Where the test hook holds a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldAt {
+    RecordsAcknowledged,
+    OffsetsSent,
+}
+
+impl HoldAt {
+    fn of(file: &str) -> HoldAt {
+        if file.trim() == HOLD_BEFORE_OFFSETS {
+            HoldAt::RecordsAcknowledged
+        } else {
+            HoldAt::OffsetsSent
+        }
+    }
+}
 
 /// What a producer error means for the producer that returned it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,6 +264,10 @@ impl TxnProducer {
         group: Option<ConsumerGroupMetadata>,
     ) -> Result<()> {
         let started = Instant::now();
+        if offsets.count() > 0 && self.hold.is_some() {
+            self.await_deliveries();
+            self.hold_for_test(HoldAt::RecordsAcknowledged);
+        }
         if offsets.count() > 0 {
             let meta = group.ok_or(SchedulerError::NoGroupMetadata)?;
             self.inner
@@ -250,7 +276,7 @@ impl TxnProducer {
         let offsets_sent = started.elapsed();
         self.await_deliveries();
         if offsets.count() > 0 {
-            self.hold_for_test();
+            self.hold_for_test(HoldAt::OffsetsSent);
         }
         self.inner.commit_transaction(TXN_TIMEOUT)?;
         debug!(
@@ -265,11 +291,15 @@ impl TxnProducer {
         Ok(())
     }
 
-    /// The test hook ([`HOLD_TRANSACTION_ENV`]): waits while its file exists.
-    fn hold_for_test(&self) {
+    /// The test hook ([`HOLD_TRANSACTION_ENV`]): waits while its file exists and says `at`.
+    fn hold_for_test(&self, at: HoldAt) {
         let Some(path) = self.hold.as_ref().filter(|p| p.exists()) else {
             return;
         };
+        let says = std::fs::read_to_string(path).unwrap_or_default();
+        if HoldAt::of(&says) != at {
+            return;
+        }
         let held = path.with_extension("held");
         if let Err(e) = std::fs::write(&held, b"") {
             warn!(path = %held.display(), error = %e, "test hook: could not say the transaction is held");
@@ -375,17 +405,12 @@ pub(super) fn transactional_id(config: &Config, node_id: &str) -> String {
 
 /// Aborts the open transaction of `owner` by initialising a producer with its transactional
 /// id (which bumps its epoch and fences it).
-pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
+pub(super) fn fence_owner(config: &Config, me: &str, owner: &str, trigger: Trigger) {
     let started = Instant::now();
-    let mut c = crate::kafka::producer_config(config);
-    c.set(
-        "client.id",
-        format!("tocsin-scheduler-{me}-fencing-{owner}"),
-    );
-    c.set("transactional.id", transactional_id(config, owner));
-    c.set(
-        "transaction.timeout.ms",
-        config.scheduler.transaction_timeout_ms.to_string(),
+    let c = transactional_config(
+        config,
+        owner,
+        &format!("tocsin-scheduler-{me}-fencing-{owner}"),
     );
     let producer: Result<BaseProducer<crate::kafka::client::NodeContext>, _> =
         c.create_with_context(crate::kafka::client::NodeContext);
@@ -394,7 +419,7 @@ pub(super) fn fence_owner(config: &Config, me: &str, owner: &str) {
         .and_then(|p| p.init_transactions(TXN_TIMEOUT).map_err(|e| e.to_string()));
     // Counted as soon as `init_transactions` answers: the producer is dropped (librdkafka's
     // destroy, which can take a while) only after.
-    crate::telemetry::fenced(owner, started.elapsed(), result);
+    crate::telemetry::fenced(owner, trigger.label(), started.elapsed(), result);
 }
 
 /// Whether `e` says this node was fenced: its producer by a newer one with its transactional
@@ -417,28 +442,36 @@ pub(super) fn fenced(e: &SchedulerError) -> bool {
     )
 }
 
-fn new_producer(
-    config: &Config,
-    node_id: &str,
-    timers_topic: &str,
-) -> Result<BaseProducer<DeliveryContext>> {
+/// The settings of a producer with `node_id`'s transactional id: the node's own, or one that
+/// fences it.
+fn transactional_config(config: &Config, node_id: &str, client_id: &str) -> ClientConfig {
     let mut c = crate::kafka::producer_config(config);
-    c.set("client.id", format!("tocsin-scheduler-{node_id}"));
+    c.set("client.id", client_id);
     c.set("transactional.id", transactional_id(config, node_id));
     c.set(
         "transaction.timeout.ms",
         config.scheduler.transaction_timeout_ms.to_string(),
     );
-    c.set("queue.buffering.max.messages", "2000000");
-    c.set("queue.buffering.max.kbytes", "2097151");
     // Back-to-back transactions meet CONCURRENT_TRANSACTIONS while the previous one's markers
-    // are written; librdkafka's default backoff (100 ms, growing to 1 s) would cost more than
-    // a transaction. Unless the `[kafka]` table says otherwise.
+    // are written, and a fence's `InitProducerId` meets it while the coordinator aborts the
+    // fenced transaction; librdkafka's default backoff (100 ms, growing to 1 s) would cost
+    // more than either. Unless the `[kafka]` table says otherwise.
     for (key, value) in [("retry.backoff.ms", "5"), ("retry.backoff.max.ms", "50")] {
         if !config.kafka.contains_key(key) {
             c.set(key, value);
         }
     }
+    c
+}
+
+fn new_producer(
+    config: &Config,
+    node_id: &str,
+    timers_topic: &str,
+) -> Result<BaseProducer<DeliveryContext>> {
+    let mut c = transactional_config(config, node_id, &format!("tocsin-scheduler-{node_id}"));
+    c.set("queue.buffering.max.messages", "2000000");
+    c.set("queue.buffering.max.kbytes", "2097151");
     // A `kafka` job's missing target must not be created by a produce to it (the broker's
     // `auto.create.topics.enable` is on by default): it sends the run to `dead`.
     c.set("allow.auto.create.topics", "false");

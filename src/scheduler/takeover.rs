@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::TopicPartitionList;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::kafka::group::GroupDescriber;
@@ -27,6 +27,8 @@ use crate::kafka::group::GroupDescriber;
 pub const DESCRIBE_EVERY: Duration = Duration::from_secs(2);
 /// A description's request timeout.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A node fenced this recently is not fenced again (its abort is still being written).
+const FENCE_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
 /// The `client.id` of a scheduler's group member: its fleet's topic prefix, `scheduler.`, and
 /// its node id (the same string as its transactional id), so the members of one fleet are told
@@ -187,6 +189,164 @@ impl Membership {
 impl Drop for Membership {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What set a fence off: the `trigger` label of `tocsin_fences_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The group, described after the assignment, no longer has the partition's previous
+    /// holder: fenced at once, before anything of the restore waits on it. A node killed
+    /// while its transaction held only lane and `runs` partitions (its offsets not sent yet)
+    /// blocks neither the offset fetch nor the barrier, but holds every lane.
+    Departed,
+    /// The committed-offset fetch was not answered within `FETCH_HELD_AFTER`.
+    OffsetFetchHeld,
+    /// The barrier was not back within `lifecycle::FENCE_AFTER`.
+    BarrierLate,
+}
+
+impl Trigger {
+    pub const ALL: [Trigger; 3] = [
+        Trigger::Departed,
+        Trigger::OffsetFetchHeld,
+        Trigger::BarrierLate,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Departed => "departed",
+            Trigger::OffsetFetchHeld => "offset_fetch_held",
+            Trigger::BarrierLate => "barrier_late",
+        }
+    }
+}
+
+/// A partition restoring here whose previous owner may need fencing.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub partition: i32,
+    /// When its restore started: only a description made since then can say its previous
+    /// owner left.
+    pub since: Instant,
+    /// The previous owner its replayed barriers name, if any.
+    pub barrier_owner: Option<String>,
+}
+
+/// Decides whom to fence and does it, on a thread per fence: the group's membership, the
+/// partitions whose previous holder is still to be checked, and the fences done recently.
+pub struct Fencer {
+    config: Config,
+    me: String,
+    membership: Membership,
+    /// Partitions assigned whose previous holder has not been checked against a description
+    /// made since (partition → restore start).
+    unchecked: BTreeMap<i32, Instant>,
+    /// Previous owners fenced, and when.
+    fenced: BTreeMap<String, Instant>,
+}
+
+impl Fencer {
+    pub fn start(config: &Config, me: &str, jobs_topic: &str) -> Fencer {
+        Fencer {
+            config: config.clone(),
+            me: me.to_owned(),
+            membership: Membership::start(config, me, jobs_topic),
+            unchecked: BTreeMap::new(),
+            fenced: BTreeMap::new(),
+        }
+    }
+
+    /// Partitions were just assigned (restores starting at `at`): their previous holders are
+    /// checked once the group has been described since, and a description is asked now.
+    pub fn assigned(&mut self, partitions: &[i32], at: Instant) {
+        for p in partitions {
+            self.unchecked.insert(*p, at);
+        }
+        if !partitions.is_empty() {
+            self.membership.refresh();
+        }
+    }
+
+    /// `p` is no longer restoring here (active, or given up).
+    pub fn settled(&mut self, p: i32) {
+        self.unchecked.remove(&p);
+    }
+
+    /// Fences the previous holders of the partitions assigned that the group, described since
+    /// their assignment, no longer has (`Trigger::Departed`). Each partition is checked once;
+    /// one whose answer is not known yet stays for the next call.
+    pub fn fence_departed_holders(&mut self) {
+        if self.unchecked.is_empty() {
+            return;
+        }
+        let held: Vec<Held> = (self.unchecked.iter())
+            .map(|(p, since)| Held {
+                partition: *p,
+                since: *since,
+                barrier_owner: None,
+            })
+            .collect();
+        let (owners, unknown) = self.departed(&held);
+        self.unchecked.retain(|p, _| unknown.contains(p));
+        self.fence(owners, held.len() - unknown.len(), Trigger::Departed);
+    }
+
+    /// Fences the departed previous owners of restoring partitions that are blocked.
+    pub fn fence_held(&mut self, held: &[Held], trigger: Trigger) {
+        let (owners, unknown) = self.departed(held);
+        if !unknown.is_empty() {
+            debug!(
+                partitions = unknown.len(),
+                trigger = trigger.label(),
+                "restore held; group membership since the assignment not known yet"
+            );
+        }
+        self.fence(owners, held.len(), trigger);
+    }
+
+    /// The departed previous owners of `held` (those the group's descriptions saw holding
+    /// them, and those their barriers name), and the partitions no description since their
+    /// assignment can answer for yet.
+    fn departed(&self, held: &[Held]) -> (BTreeSet<String>, BTreeSet<i32>) {
+        let mut owners = BTreeSet::new();
+        let mut unknown = BTreeSet::new();
+        self.membership.with_roster(|roster| {
+            for h in held {
+                let candidates: BTreeSet<String> = (roster.previous_holder(h.partition, &self.me))
+                    .map(str::to_owned)
+                    .into_iter()
+                    .chain(h.barrier_owner.clone())
+                    .collect();
+                match to_fence(roster, &self.me, candidates, h.since) {
+                    Some(departed) => owners.extend(departed),
+                    None => {
+                        unknown.insert(h.partition);
+                    }
+                }
+            }
+        });
+        (owners, unknown)
+    }
+
+    /// Fences each of `owners` on a thread of its own, at most once per `FENCE_AGAIN_AFTER`.
+    fn fence(&mut self, owners: BTreeSet<String>, partitions: usize, trigger: Trigger) {
+        for owner in owners {
+            let recent =
+                (self.fenced.get(&owner)).is_some_and(|at| at.elapsed() < FENCE_AGAIN_AFTER);
+            if recent {
+                continue;
+            }
+            self.fenced.insert(owner.clone(), Instant::now());
+            info!(owner = %owner, trigger = trigger.label(), partitions, "fencing a departed owner");
+            let (config, me) = (self.config.clone(), self.me.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("fence-{owner}"))
+                .spawn(move || super::producer::fence_owner(&config, &me, &owner, trigger));
+            if let Err(e) = spawned {
+                warn!(error = %e, "could not start the fencing thread");
+            }
+        }
     }
 }
 

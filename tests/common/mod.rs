@@ -720,6 +720,15 @@ pub mod fleet {
         wait_watching(limit, what, &[], f);
     }
 
+    /// Waits (up to a minute) until each of `nodes` holds partitions and together they hold
+    /// all `parts`.
+    pub fn wait_sharing(nodes: &[&Node], parts: usize) {
+        wait_watching(Duration::from_secs(60), "every node active", nodes, || {
+            nodes.iter().all(|n| n.holds() > 0)
+                && nodes.iter().map(|n| n.holds()).sum::<usize>() == parts
+        });
+    }
+
     /// As `wait_until`, and a timeout prints the end of each node's log, so a failure in CI
     /// says what the nodes were doing.
     pub fn wait_watching(
