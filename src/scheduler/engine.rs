@@ -23,6 +23,7 @@ use tracing::{debug, error, info, warn};
 use super::deliver::{self, Target, Targets};
 use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
+use super::ingest::{self, ControlChange, JobChange, Lanes, Schedules};
 use super::lane::{self, h};
 use super::lifecycle::{Action, Event, Lifecycle};
 use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
@@ -33,11 +34,10 @@ use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery};
 use crate::history::{self, Known, Reporter};
-use crate::kafka::admin::{lane_topic, Admin, AdminError, TopicSpec};
+use crate::kafka::admin::{Admin, AdminError};
 use crate::model::job::{HandlerKind, JobDefinition};
-use crate::model::records::{ControlRecord, DeadLetter, Run, RunEvent, RunEventKind, TimerState};
-use crate::model::schedule::Schedule;
-use crate::model::validate::{validate, Limits};
+use crate::model::records::{DeadLetter, Run, RunEvent, RunEventKind, TimerState};
+use crate::model::validate::Limits;
 use crate::node::{NodeStatus, NowFn, IDLE_READY_AFTER};
 use crate::telemetry::{self, AbortReason, LagTally, Rejection};
 
@@ -60,8 +60,6 @@ const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
 const FETCH_HELD_AFTER: Duration = Duration::from_millis(300);
 /// How soon a committed-offset fetch that failed is tried again.
 const FETCH_RETRY_AFTER: Duration = Duration::from_millis(500);
-/// Most parsed schedules kept (see `cache_schedule`).
-const SCHEDULE_CACHE: usize = 100_000;
 /// Most due entries gathered in one scan of the bucket index. Fairness across tenants holds
 /// within one scan: the index is ordered by instant and job id, not tenant, so a herd larger
 /// than this is taken in slices, and a small tenant's runs in a later slice wait for it. At
@@ -73,9 +71,6 @@ const SCAN_ROUNDS: usize = 64;
 /// Transactions a job's records may fail, refused by the broker for what they are, before the
 /// job is set aside in `jobs.rejected`. Two, so one odd refusal is retried.
 const QUARANTINE_AFTER: u32 = 2;
-/// What a copy in `jobs.rejected` may take of the largest record: the rest is kept for the
-/// reason and the headers. An original too large for it is named, not copied.
-const REJECT_HEADROOM_BYTES: usize = 16 * 1024;
 
 /// One rebalance: assigned (true) or revoked, and the (topic, partition) pairs.
 type RebalanceEvent = (bool, Vec<(String, i32)>);
@@ -141,20 +136,14 @@ pub struct Engine {
     fencer: Fencer,
     /// The committed-offset fetch of newly assigned partitions: (partition, assignment token).
     fetch: OffsetFetch<Vec<(i32, String)>>,
-    admin: Admin,
-    runtime: tokio::runtime::Handle,
     topics: Topics,
     parts: BTreeMap<i32, Lifecycle<OwnedMessage>>,
     /// The origin of the monotonic milliseconds the lifecycles are told time in.
     started: Instant,
     /// Next offset to commit per (topic, partition), as of the last committed transaction.
     committed: HashMap<(String, i32), i64>,
-    schedules: HashMap<String, Arc<Schedule>>,
-    /// Lane topics known to exist: those listed at start, and those created since.
-    lanes: HashSet<String>,
-    /// Lanes that jobs ingested need and that do not exist yet: created between transactions
-    /// (`create_wanted_lanes`), never inside one.
-    lanes_wanted: BTreeMap<String, TopicSpec>,
+    schedules: Schedules,
+    lanes: Lanes,
     assignments: u64,
     /// The (assignments, owned, active) the node's view was last published at.
     published: Option<(u64, usize, usize)>,
@@ -297,7 +286,7 @@ impl Engine {
         let limits = record_limits(&config, &admin, &runtime, &topics);
         let targets = Targets::new(&config.topic_prefix);
         Ok(Engine {
-            config,
+            config: config.clone(),
             node_id,
             now,
             status,
@@ -307,15 +296,12 @@ impl Engine {
             restorer,
             fencer,
             fetch: OffsetFetch::default(),
-            admin,
-            runtime,
+            lanes: Lanes::new(&config, admin, runtime),
             topics,
             parts: BTreeMap::new(),
             started: Instant::now(),
             committed: HashMap::new(),
-            schedules: HashMap::new(),
-            lanes: HashSet::new(),
-            lanes_wanted: BTreeMap::new(),
+            schedules: Schedules::default(),
             assignments: 0,
             restore_started: HashMap::new(),
             published: None,
@@ -331,7 +317,7 @@ impl Engine {
 
     /// Runs until `shutdown` is cancelled. Never returns with a transaction open.
     pub fn run(mut self, shutdown: CancellationToken) -> Result<()> {
-        self.seed_lanes();
+        self.lanes.seed();
         self.producer.init(&shutdown)?;
         self.group
             .subscribe(&[&self.topics.jobs, &self.topics.control])?;
@@ -401,7 +387,7 @@ impl Engine {
         if !batch.is_empty() {
             self.transact(batch, &[])?;
         }
-        self.create_wanted_lanes();
+        self.lanes.create_wanted();
         let now = (self.now)();
         if now >= *next_tick {
             self.fire_tick(now)?;
@@ -838,7 +824,7 @@ impl Engine {
                 continue;
             }
             let job = String::from_utf8_lossy(key).into_owned();
-            self.schedules.remove(&job);
+            self.schedules.forget(&job);
             let old_wake = match overlay.get(&(p, job.clone())) {
                 Some(w) => *w,
                 None => self
@@ -962,7 +948,7 @@ impl Engine {
             let Some(through) = progress.advances(seq, wake) else {
                 continue;
             };
-            let Some(schedule) = self.schedule(&state.definition) else {
+            let Some(schedule) = self.schedules.of(&state.definition) else {
                 continue;
             };
             if fire::advance(&mut state, &schedule, through) > 0 {
@@ -1159,7 +1145,7 @@ impl Engine {
                     }
                 }
                 for (_, job) in txn.changed.keys() {
-                    self.schedules.remove(job);
+                    self.schedules.forget(job);
                 }
                 Err(e)
             }
@@ -1345,7 +1331,7 @@ impl Engine {
         if old_wake != Some(e.wake_ms) {
             return Ok(()); // changed earlier in this transaction; the index follows the state
         }
-        let Some(schedule) = self.schedule(&state.definition) else {
+        let Some(schedule) = self.schedules.of(&state.definition) else {
             return Ok(());
         };
         let limits = FireLimits {
@@ -1402,7 +1388,7 @@ impl Engine {
     /// it goes to `jobs.rejected` with the error, and the partition goes on without it.
     fn quarantine_record(&mut self, m: &OwnedMessage, reason: String) -> Result<()> {
         let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-        self.schedules.remove(&job);
+        self.schedules.forget(&job);
         metrics::counter!("tocsin_records_quarantined_total").increment(1);
         self.reject(m, Rejection::Failed, format!("processing failed: {reason}"))
     }
@@ -1428,7 +1414,7 @@ impl Engine {
             .key(job.as_bytes());
         self.producer.send(record).map_err(|(e, _)| e)?;
         txn.change(p, job, None, old_wake, false);
-        self.schedules.remove(job);
+        self.schedules.forget(job);
         Ok(())
     }
 
@@ -1439,140 +1425,57 @@ impl Engine {
         Ok(self.store.timer(p as u16, job)?)
     }
 
-    fn schedule(&mut self, def: &JobDefinition) -> Option<Arc<Schedule>> {
-        if let Some(s) = self.schedules.get(&def.id) {
-            return Some(s.clone());
-        }
-        match Schedule::from_job(def) {
-            Ok(s) => {
-                let s = Arc::new(s);
-                self.cache_schedule(def.id.clone(), s.clone());
-                Some(s)
-            }
-            Err(e) => {
-                error!(job = %def.id, error = %e, "stored job has an invalid schedule");
-                None
-            }
-        }
-    }
-
-    /// Parsed schedules are a cache: one of every job a node holds would cost hundreds of
-    /// bytes per timer (gigabytes at 10 M). A full cache starts over; a job fired later
-    /// parses its schedule again.
-    fn cache_schedule(&mut self, job: String, schedule: Arc<Schedule>) {
-        if self.schedules.len() >= SCHEDULE_CACHE {
-            self.schedules = HashMap::new();
-        }
-        self.schedules.insert(job, schedule);
-    }
-
     fn ingest(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
         let p = m.partition();
-        let Some(key) = m.key() else {
-            return self.reject(
-                m,
-                Rejection::Key,
-                "record has no key (the key must be the job id)".into(),
-            );
+        let existing = match ingest::job_id(m.key()) {
+            Ok(job) => self.load(txn, p, job)?,
+            Err(_) => None,
         };
-        let Ok(job) = std::str::from_utf8(key) else {
-            return self.reject(
-                m,
-                Rejection::Key,
-                "key is not UTF-8 (the key must be the job id)".into(),
-            );
-        };
-        let job = job.to_owned();
-        let existing = self.load(txn, p, &job)?;
         let old_wake = existing.as_ref().and_then(fire::wake_at);
-        let Some(bytes) = m.payload() else {
-            // Tombstone: the job is deleted and never fires again.
-            if existing.is_some() {
+        let record = ingest::JobRecord {
+            key: m.key(),
+            payload: m.payload(),
+            timestamp_ms: m.timestamp().to_millis(),
+        };
+        match ingest::on_job(&record, existing, &self.limits, now) {
+            JobChange::Reject(kind, reason) => return self.reject(m, kind, reason),
+            JobChange::Nothing => {}
+            JobChange::Delete { job } => {
                 let record = BaseRecord::<[u8], [u8]>::to(&self.topics.timers)
                     .partition(p)
-                    .key(key);
+                    .key(job.as_bytes());
                 self.producer.send(record).map_err(|(e, _)| e)?;
                 txn.change(p, &job, None, old_wake, false);
-                self.schedules.remove(&job);
+                self.schedules.forget(&job);
             }
-            return Ok(());
-        };
-        let def: JobDefinition = match codec::decode(bytes) {
-            Ok(d) => d,
-            Err(e) => {
-                return self.reject(
-                    m,
-                    Rejection::Decode,
-                    format!("not a Tocsin JobDefinition: {e}"),
-                )
+            JobChange::Put {
+                job,
+                state,
+                schedule,
+            } => {
+                if !self.delivers(&state.definition) {
+                    self.lanes.want(&state.definition.tenant);
+                }
+                txn.change(p, &job, Some(*state), old_wake, false);
+                self.schedules.insert(job, schedule);
             }
-        };
-        if def.id != job {
-            return self.reject(
-                m,
-                Rejection::Key,
-                format!("key {job:?} does not match the job id {:?}", def.id),
-            );
         }
-        let schedule = match validate(&def, &self.limits, now) {
-            Ok(s) => Arc::new(s),
-            Err(e) => return self.reject(m, Rejection::Invalid, e.to_string()),
-        };
-        // A job's life starts when its record was written, not when this node got to it: a
-        // slow ingest makes its first instants late, never skipped. (Clamped, so a skewed
-        // producer clock cannot reach into the future or far into the past.)
-        let written = m
-            .timestamp()
-            .to_millis()
-            .filter(|t| *t <= now && now - *t < 86_400_000)
-            .unwrap_or(now);
-        let state = match existing {
-            None => fire::new_timer(def, &schedule, written),
-            Some(mut s) => {
-                if s.definition == def {
-                    return Ok(());
-                }
-                if s.definition.tenant != def.tenant {
-                    return self.reject(
-                        m,
-                        Rejection::Tenant,
-                        other_tenants_job(&job, &s.definition.tenant, &def.tenant),
-                    );
-                }
-                if def.revision != 0 && def.revision < s.definition.revision {
-                    info!(job = %job, revision = def.revision, current = s.definition.revision,
-                        "ignored an older revision");
-                    return Ok(());
-                }
-                fire::update_timer(&mut s, def, &schedule, written);
-                s
-            }
-        };
-        self.want_lane(&state.definition);
-        txn.change(p, &job, Some(state), old_wake, false);
-        self.cache_schedule(job, schedule);
         Ok(())
     }
 
     fn control(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {
         let p = m.partition();
-        let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-        let record: ControlRecord = match m.payload().map(codec::decode) {
-            Some(Ok(r)) => r,
-            Some(Err(e)) => {
-                return self.reject(
-                    m,
-                    Rejection::Decode,
-                    format!("not a Tocsin ControlRecord: {e}"),
-                )
-            }
-            None => return Ok(()),
+        let record = match ingest::on_control(m.payload()) {
+            ControlChange::Apply(r) => r,
+            ControlChange::Reject(kind, reason) => return self.reject(m, kind, reason),
+            ControlChange::Nothing => return Ok(()),
         };
+        let job = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
         let Some(mut state) = self.load(txn, p, &job)? else {
             info!(job = %job, "control request for an unknown job; ignored");
             return Ok(());
         };
-        let Some(schedule) = self.schedule(&state.definition) else {
+        let Some(schedule) = self.schedules.of(&state.definition) else {
             return Ok(());
         };
         let old_wake = fire::wake_at(&state);
@@ -1591,9 +1494,7 @@ impl Engine {
         self.produce_rejected(m.key().unwrap_or_default(), m.payload(), &reason, &source)
     }
 
-    /// One record on `jobs.rejected`: the original key and bytes, the reason and where they
-    /// came from. An original too large to copy (a 5 MiB record on a `jobs` topic that takes
-    /// it) is not copied, and the headers say so: the copy must never be what fails.
+    /// One record on `jobs.rejected` (`ingest::rejected_copy`).
     fn produce_rejected(
         &mut self,
         key: &[u8],
@@ -1601,107 +1502,19 @@ impl Engine {
         reason: &str,
         source: &str,
     ) -> Result<()> {
-        let room = self
-            .limits
-            .max_record_bytes
-            .saturating_sub(REJECT_HEADROOM_BYTES);
-        let original = key.len() + value.map_or(0, <[u8]>::len);
-        let fits = original <= room;
-        let reason = if fits {
-            truncate(reason, REJECT_HEADROOM_BYTES / 2)
-        } else {
-            truncate(
-                &format!(
-                    "{reason} (the original, {original} bytes, is over the {room} bytes a copy \
-                     may take and is not copied; it is at {source})"
-                ),
-                REJECT_HEADROOM_BYTES / 2,
-            )
-        };
-        let size = original.to_string();
-        let headers = OwnedHeaders::new()
-            .insert(h("tocsin-reason", reason.as_bytes()))
-            .insert(h("tocsin-source", source.as_bytes()))
-            .insert(h("tocsin-original-bytes", size.as_bytes()))
-            .insert(h(
-                "tocsin-copied",
-                if fits { b"true" as &[u8] } else { b"false" },
-            ));
+        let copy = ingest::rejected_copy(key, value, reason, source, self.limits.max_record_bytes);
+        let headers = (copy.headers.iter()).fold(OwnedHeaders::new(), |hs, (name, value)| {
+            hs.insert(h(name, value))
+        });
         let mut record = BaseRecord::<[u8], [u8]>::to(&self.topics.rejected).headers(headers);
-        if fits {
-            if !key.is_empty() {
-                record = record.key(key);
-            }
-            if let Some(v) = value {
-                record = record.payload(v);
-            }
-        } else if key.len() <= MAX_REJECTED_KEY_BYTES {
-            record = record.key(key);
+        if let Some(k) = copy.key {
+            record = record.key(k);
+        }
+        if let Some(v) = copy.value {
+            record = record.payload(v);
         }
         self.producer.send(record).map_err(|(e, _)| e)?;
         Ok(())
-    }
-
-    /// The lane of `tenant`, which should exist by now: lanes are listed at start and created
-    /// when a job needing one is ingested, between transactions. Only a lane deleted under a
-    /// running node, or one whose creation failed, is created here, inside the transaction,
-    /// where the admin calls hold it open (and a warning says so).
-    fn ensure_lane(&mut self, tenant: &str) -> Result<String> {
-        let spec = lane_topic(&self.config, tenant);
-        if !self.lanes.contains(&spec.name) {
-            warn!(lane = %spec.name, "creating a lane inside a firing transaction");
-            let admin = &self.admin;
-            self.runtime
-                .block_on(admin.ensure(std::slice::from_ref(&spec)))?;
-            self.lanes_wanted.remove(&spec.name);
-            self.lanes.insert(spec.name.clone());
-        }
-        Ok(spec.name)
-    }
-
-    /// Notes the lane `def`'s runs go to, when it is not known to exist.
-    fn want_lane(&mut self, def: &JobDefinition) {
-        if self.delivers(def) {
-            return;
-        }
-        let spec = lane_topic(&self.config, &def.tenant);
-        if !self.lanes.contains(&spec.name) {
-            self.lanes_wanted.entry(spec.name.clone()).or_insert(spec);
-        }
-    }
-
-    /// Creates the lanes ingested jobs need, outside any transaction. A failure is retried at
-    /// the next step; the job's first fire, if it comes first, creates its lane itself.
-    fn create_wanted_lanes(&mut self) {
-        if self.lanes_wanted.is_empty() {
-            return;
-        }
-        let specs: Vec<TopicSpec> = self.lanes_wanted.values().cloned().collect();
-        match self.runtime.block_on(self.admin.ensure(&specs)) {
-            Ok(_) => {
-                for spec in specs {
-                    self.lanes_wanted.remove(&spec.name);
-                    self.lanes.insert(spec.name);
-                }
-            }
-            Err(e) => warn!(error = %e, lanes = specs.len(), "could not create lanes; retrying"),
-        }
-    }
-
-    /// Lists the lanes that exist (one metadata request), so a restarted node does not create
-    /// or verify them one by one.
-    fn seed_lanes(&mut self) {
-        let prefix = self.config.lane_topic("");
-        match self.admin.partition_counts() {
-            Ok(counts) => {
-                self.lanes
-                    .extend(counts.into_keys().filter(|n| n.starts_with(&prefix)));
-                info!(lanes = self.lanes.len(), "lanes listed");
-            }
-            Err(e) => {
-                warn!(error = %e, "could not list the lanes; each is checked when first needed")
-            }
-        }
     }
 
     /// Whether this node writes `def`'s runs into their target itself (`kafka_delivery`).
@@ -1721,7 +1534,7 @@ impl Engine {
         if self.delivers(def) {
             return self.deliver(state, &run, now);
         }
-        let lane = self.ensure_lane(&def.tenant)?;
+        let lane = self.lanes.ensure(&def.tenant)?;
         let bytes = codec::encode(&run, &Framing::SingleObject);
         let fired = lane::Fired {
             fire_ms: now,
@@ -1825,32 +1638,6 @@ impl Engine {
         self.producer.send(record).map_err(|(e, _)| e)?;
         Ok(())
     }
-}
-
-/// Why a definition from one tenant may not replace another tenant's job. A job id belongs
-/// to the tenant that created it until the job is deleted (README, "Schedules: what is
-/// accepted", Tenants).
-pub fn other_tenants_job(job: &str, owner: &str, writer: &str) -> String {
-    format!(
-        "job {job:?} belongs to tenant {owner:?}; a definition from tenant {writer:?} cannot \
-         replace it (a job id is owned by the tenant that created it until that job is deleted)"
-    )
-}
-
-/// Keys longer than this are not copied into a `jobs.rejected` record that cannot copy the
-/// original (job ids are at most 255 bytes; a longer key is not a job's).
-const MAX_REJECTED_KEY_BYTES: usize = 1024;
-
-/// The text's first `max` bytes, cut at a character boundary.
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 /// How one item of a transaction (an input record, a due entry) failed.

@@ -8,10 +8,11 @@
 
 mod deliver;
 mod engine;
+mod ingest;
 mod producer;
 
 pub use deliver::{look_up as look_up_target, Target};
-pub use engine::other_tenants_job;
+pub use ingest::other_tenants_job;
 pub use producer::{HOLD_BEFORE_OFFSETS, HOLD_TRANSACTION_ENV};
 pub mod fair;
 pub mod fire;
