@@ -28,6 +28,7 @@ use super::lane::{self, h};
 use super::lifecycle::{Action, Event, Lifecycle};
 use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
+use super::restore::{Replay, BARRIER_PREFIX, SEQ_HEADER};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::takeover::{Fencer, Fetched, Held, OffsetFetch, Trigger};
 use super::SchedulerError;
@@ -43,12 +44,6 @@ use crate::telemetry::{self, AbortReason, LagTally, Rejection};
 
 type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
-/// Keys on `timers` that start with 0x00 are restore barriers, never job ids (validation
-/// rejects control characters in ids).
-const BARRIER_PREFIX: &[u8] = b"\0barrier/";
-/// The header of a `timers` record that holds its transaction's progress sequence
-/// (`progress`); a record without it (written before Tocsin kept progress) counts as 0.
-const SEQ_HEADER: &str = "tocsin-seq";
 /// A checkpoint older than this is not trusted: compaction may since have removed tombstones
 /// (the topic default `delete.retention.ms` is 24 h), so replay starts from the beginning.
 const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
@@ -131,7 +126,8 @@ pub struct Engine {
     producer: TxnProducer,
     /// Shared with the offset fetch's thread.
     group: Arc<BaseConsumer<GroupContext>>,
-    restorer: crate::kafka::client::NodeConsumer,
+    /// The replay of `timers` for the partitions restoring.
+    replay: Replay,
     /// Whom to fence, from the group's membership (described on a thread of its own).
     fencer: Fencer,
     /// The committed-offset fetch of newly assigned partitions: (partition, assignment token).
@@ -277,10 +273,7 @@ impl Engine {
         let group = Arc::new(group);
         let fencer = Fencer::start(&config, &node_id, &topics.jobs);
 
-        let mut rc = crate::kafka::consumer_config(&config, "tocsin-restore-unused");
-        rc.set("client.id", format!("tocsin-restore-{node_id}"));
-        rc.set("fetch.wait.max.ms", "50");
-        let restorer = rc.create_with_context(crate::kafka::client::NodeContext)?;
+        let replay = Replay::new(&config, &node_id, &topics.timers)?;
 
         let admin = Admin::new(&config)?;
         let limits = record_limits(&config, &admin, &runtime, &topics);
@@ -293,7 +286,7 @@ impl Engine {
             store,
             producer,
             group,
-            restorer,
+            replay,
             fencer,
             fetch: OffsetFetch::default(),
             lanes: Lanes::new(&config, admin, runtime),
@@ -479,7 +472,8 @@ impl Engine {
             } else {
                 HashMap::new()
             };
-            let bounds = self.timers_bounds(&checkpoints);
+            let checked: Vec<i32> = checkpoints.keys().copied().collect();
+            let bounds = self.replay.bounds(&checked);
             let restores_began = Instant::now();
             for (topic, p) in parts {
                 if topic != self.topics.jobs {
@@ -504,52 +498,6 @@ impl Engine {
         revoked
     }
 
-    /// The first and the last stable offset of `timers` in each partition that has one of
-    /// `checkpoints`, in one request for each end, not one round trip per partition: a node
-    /// given back hundreds of partitions (a zombie's return, a restart) would otherwise spend
-    /// seconds on them before restoring any. A partition whose offsets could not be had is
-    /// left out (its checkpoint is not trusted).
-    fn timers_bounds(&self, checkpoints: &HashMap<i32, Checkpoint>) -> HashMap<i32, (i64, i64)> {
-        let checked: Vec<i32> = checkpoints.keys().copied().collect();
-        if checked.is_empty() {
-            return HashMap::new();
-        }
-        let ask = |at: Offset| -> Option<TopicPartitionList> {
-            let mut tpl = TopicPartitionList::new();
-            for p in &checked {
-                tpl.add_partition_offset(&self.topics.timers, *p, at).ok()?;
-            }
-            // For a `read_committed` client "latest" is the last stable offset.
-            match self
-                .restorer
-                .offsets_for_times(tpl, Duration::from_secs(10))
-            {
-                Ok(answer) => Some(answer),
-                Err(e) => {
-                    warn!(error = %e, partitions = checked.len(), "could not list the timers offsets; restoring from the beginning");
-                    None
-                }
-            }
-        };
-        let (Some(low), Some(high)) = (ask(Offset::Beginning), ask(Offset::End)) else {
-            return HashMap::new();
-        };
-        (low.elements_for_topic(&self.topics.timers).iter())
-            .filter_map(|e| {
-                let l = e
-                    .offset()
-                    .to_raw()
-                    .filter(|o| *o >= 0 && e.error().is_ok())?;
-                let h = (high.find_partition(&self.topics.timers, e.partition()))
-                    .filter(|h| h.error().is_ok())?
-                    .offset()
-                    .to_raw()
-                    .filter(|o| *o >= 0)?;
-                Some((e.partition(), (l, h)))
-            })
-            .collect()
-    }
-
     /// `checkpoint`: the partition's, if the store has one; `bounds`: its first and last
     /// stable `timers` offsets, when known.
     fn start_restore(
@@ -563,7 +511,7 @@ impl Engine {
         let now = (self.now)();
         // A checkpoint outside the partition's current offsets belongs to another topic of
         // the same name (a recreated topic): trust it only when it fits the offsets
-        // `timers_bounds` listed for the whole assignment (only for partitions with a
+        // `Replay::bounds` listed for the whole assignment (only for partitions with a
         // checkpoint: a takeover of a dead node's partitions has none, and asks nothing).
         let fits = |offset: i64| bounds.is_some_and(|(low, high)| offset >= low && offset <= high);
         let from = match checkpoint {
@@ -580,13 +528,7 @@ impl Engine {
             }
         };
         let token = format!("{}/{}/{}/{}", self.node_id, self.assignments, p, now);
-        let mut tpl = TopicPartitionList::new();
-        if let Err(e) = tpl.add_partition_offset(&self.topics.timers, p, from) {
-            error!(partition = p, error = %e, "bad restore offset");
-        }
-        if let Err(e) = self.restorer.incremental_assign(&tpl) {
-            error!(partition = p, error = %e, "could not assign timers partition for restore");
-        }
+        self.replay.assign(p, from);
         info!(partition = p, from = ?from, "restoring partition");
         self.parts
             .insert(p, Lifecycle::assigned(&self.node_id, token));
@@ -595,9 +537,7 @@ impl Engine {
     fn release(&mut self, p: i32) {
         match self.parts.remove(&p) {
             Some(part) if !part.is_active() => {
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&self.topics.timers, p);
-                let _ = self.restorer.incremental_unassign(&tpl);
+                let _ = self.replay.unassign(p);
                 info!(partition = p, "abandoned restore of partition");
             }
             Some(_) => info!(partition = p, "released partition"),
@@ -785,84 +725,12 @@ impl Engine {
 
     /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
     fn poll_restore(&mut self) -> Result<()> {
-        let mut batch = self.store.batch();
-        let mut overlay: HashMap<(i32, String), Option<i64>> = HashMap::new();
-        let mut checkpoints: HashMap<i32, i64> = HashMap::new();
-        let mut done = Vec::new();
-        let started = Instant::now();
-        let mut n = 0;
-        while n < 50_000 && started.elapsed() < Duration::from_millis(100) {
-            let Some(m) = self
-                .restorer
-                .poll(Duration::from_millis(if n == 0 { 20 } else { 0 }))
-            else {
-                break;
-            };
-            let m = match m {
-                Ok(m) => m,
-                Err(e) => {
-                    crate::kafka::client::report(&e, "restore consumer");
-                    break;
-                }
-            };
-            n += 1;
-            let p = m.partition();
-            checkpoints.insert(p, m.offset() + 1);
-            let Some(part) = self.parts.get_mut(&p).filter(|part| !part.is_active()) else {
-                continue;
-            };
-            let key = m.key().unwrap_or_default();
-            if let Some(owner) = key.strip_prefix(BARRIER_PREFIX) {
-                let owner = String::from_utf8_lossy(owner);
-                let read = Event::BarrierRead {
-                    owner: &owner,
-                    token: m.payload().unwrap_or_default(),
-                };
-                if let Some(Action::Activate { buffered }) = part.on(read) {
-                    done.push((p, buffered));
-                }
-                continue;
-            }
-            let job = String::from_utf8_lossy(key).into_owned();
-            self.schedules.forget(&job);
-            let old_wake = match overlay.get(&(p, job.clone())) {
-                Some(w) => *w,
-                None => self
-                    .store
-                    .timer(p as u16, &job)?
-                    .as_ref()
-                    .and_then(fire::wake_at),
-            };
-            match m.payload() {
-                None => {
-                    batch.delete_timer(&self.store, p as u16, &job, old_wake);
-                    overlay.insert((p, job), None);
-                }
-                Some(bytes) => match codec::decode::<TimerState>(bytes) {
-                    Ok(state) => {
-                        let wake = fire::wake_at(&state);
-                        let seq = record_seq(&m);
-                        batch.put_timer(&self.store, p as u16, &state, bytes, seq, old_wake, wake);
-                        overlay.insert((p, job), wake);
-                    }
-                    Err(e) => error!(partition = p, offset = m.offset(), job = %job, error = %e,
-                        "undecodable timer state on the changelog; skipped"),
-                },
-            }
-        }
         let now = (self.now)();
-        for (p, offset) in checkpoints {
-            batch.set_checkpoint(
-                &self.store,
-                p as u16,
-                Checkpoint {
-                    offset,
-                    written_ms: now,
-                },
-            );
+        let replayed = self.replay.step(&self.store, &mut self.parts, now)?;
+        for job in &replayed.jobs {
+            self.schedules.forget(job);
         }
-        self.store.write(batch)?;
-        for (p, buffered) in done {
+        for (p, buffered) in replayed.done {
             self.activate(p, buffered)?;
         }
         self.fence_stalled_owners();
@@ -905,9 +773,7 @@ impl Engine {
     /// Starts firing `p`, whose replay just completed, after applying what was consumed of
     /// it meanwhile (`buffered`).
     fn activate(&mut self, p: i32, buffered: Vec<OwnedMessage>) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.topics.timers, p);
-        self.restorer.incremental_unassign(&tpl)?;
+        self.replay.unassign(p)?;
         // A sequence never goes back, even when the committed progress was lost (offsets
         // reset or expired): a state written later must never look older than a mark.
         let (timers, max_seq) = self.store.timers_summary(p as u16)?;
@@ -1681,18 +1547,6 @@ fn is_record_fault(e: &SchedulerError) -> bool {
         ),
         _ => false,
     }
-}
-
-/// The progress sequence a `timers` record was written with (`SEQ_HEADER`; 0 without it).
-fn record_seq(m: &impl Message) -> u64 {
-    use rdkafka::message::Headers;
-    m.headers()
-        .and_then(|hs| {
-            hs.iter()
-                .find(|h| h.key == SEQ_HEADER)
-                .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// The limits validation holds jobs to. The largest record is the least of what our producers

@@ -10,6 +10,7 @@ mod deliver;
 mod engine;
 mod ingest;
 mod producer;
+mod restore;
 
 pub use deliver::{look_up as look_up_target, Target};
 pub use ingest::other_tenants_job;
