@@ -305,28 +305,9 @@ impl Fencer {
         self.fence(owners, held.len(), trigger);
     }
 
-    /// The departed previous owners of `held` (those the group's descriptions saw holding
-    /// them, and those their barriers name), and the partitions no description since their
-    /// assignment can answer for yet.
     fn departed(&self, held: &[Held]) -> (BTreeSet<String>, BTreeSet<i32>) {
-        let mut owners = BTreeSet::new();
-        let mut unknown = BTreeSet::new();
-        self.membership.with_roster(|roster| {
-            for h in held {
-                let candidates: BTreeSet<String> = (roster.previous_holder(h.partition, &self.me))
-                    .map(str::to_owned)
-                    .into_iter()
-                    .chain(h.barrier_owner.clone())
-                    .collect();
-                match to_fence(roster, &self.me, candidates, h.since) {
-                    Some(departed) => owners.extend(departed),
-                    None => {
-                        unknown.insert(h.partition);
-                    }
-                }
-            }
-        });
-        (owners, unknown)
+        self.membership
+            .with_roster(|roster| departed(roster, &self.me, held))
     }
 
     /// Fences each of `owners` on a thread of its own, at most once per `FENCE_AGAIN_AFTER`.
@@ -348,6 +329,28 @@ impl Fencer {
             }
         }
     }
+}
+
+/// The departed previous owners of `held` (those the group's descriptions saw holding them,
+/// and those their barriers name), and the partitions no description since their assignment
+/// can answer for yet. `me` is never among them.
+fn departed(roster: &Roster, me: &str, held: &[Held]) -> (BTreeSet<String>, BTreeSet<i32>) {
+    let mut owners = BTreeSet::new();
+    let mut unknown = BTreeSet::new();
+    for h in held {
+        let candidates: BTreeSet<String> = (roster.previous_holder(h.partition, me))
+            .map(str::to_owned)
+            .into_iter()
+            .chain(h.barrier_owner.clone())
+            .collect();
+        match to_fence(roster, me, candidates, h.since) {
+            Some(gone) => owners.extend(gone),
+            None => {
+                unknown.insert(h.partition);
+            }
+        }
+    }
+    (owners, unknown)
 }
 
 /// The committed offsets of newly assigned partitions, fetched on a thread of its own, so a
@@ -515,5 +518,39 @@ mod tests {
             ),
             Some(BTreeSet::new())
         );
+    }
+
+    #[test]
+    fn departed_holders_and_barrier_owners_are_fenced_once_the_group_is_described() {
+        let t0 = Instant::now();
+        let assigned = t0 + Duration::from_secs(1);
+        let mut r = Roster::default();
+        described(&mut r, t0, &[("n1", &[0, 1]), ("n2", &[2]), ("n3", &[3])]);
+        let held = |p: i32, barrier: Option<&str>| Held {
+            partition: p,
+            since: assigned,
+            barrier_owner: barrier.map(str::to_owned),
+        };
+        let all = [
+            held(0, None),
+            held(1, None),
+            held(2, None),
+            held(4, Some("n9")),
+        ];
+        // No description since the assignment: nothing fenced, and the partitions that have a
+        // candidate are not known yet (2 was ours all along: it has none, nothing to wait for).
+        let (owners, unknown) = departed(&r, "n2", &all);
+        assert!(owners.is_empty());
+        assert_eq!(unknown, BTreeSet::from([0, 1, 4]));
+        // n1 left; n2 (us) now holds its partitions; n3 lives; partition 4 was only ever named
+        // by a barrier of n9, which is not a member.
+        described(&mut r, assigned, &[("n2", &[0, 1, 2]), ("n3", &[3])]);
+        let (owners, unknown) = departed(&r, "n2", &all);
+        assert_eq!(owners, BTreeSet::from(["n1".to_string(), "n9".to_string()]));
+        assert!(unknown.is_empty());
+        // A partition taken from a live node (a scale-out) fences nobody.
+        described(&mut r, assigned, &[("n2", &[0, 1, 2, 3]), ("n3", &[])]);
+        let (owners, _) = departed(&r, "n2", &[held(3, None)]);
+        assert!(owners.is_empty(), "{owners:?}");
     }
 }
