@@ -60,6 +60,24 @@ fn assert_exactly_once(seen: &[Seen], jobs: &[JobDefinition], from: i64, to: i64
         .unwrap_or(0)
 }
 
+/// Lets `last` fire for `settle_s` more, stops it, and audits the lanes (waiting `quiet_s`
+/// after the last record): every job fired each second from `from` to 2 s before the stop
+/// exactly once. Returns the runs seen and the worst lateness.
+fn stop_and_audit(
+    last: Node,
+    config: &tocsin::config::Config,
+    jobs: &[JobDefinition],
+    from: i64,
+    (settle_s, quiet_s): (u64, u64),
+) -> (Vec<Seen>, i64) {
+    std::thread::sleep(Duration::from_secs(settle_s));
+    let t_end = now_ms();
+    last.stop();
+    let seen = audit(config, Duration::from_secs(quiet_s));
+    let worst = assert_exactly_once(&seen, jobs, from, t_end - 2_000);
+    (seen, worst)
+}
+
 fn assert_co_partitioned(node: &Node) {
     for line in node
         .log_text()
@@ -101,11 +119,7 @@ async fn graceful_stop_hands_partitions_over_exactly_once() {
         &[&n2],
         || n2.holds() == parts,
     );
-    std::thread::sleep(Duration::from_secs(4));
-    let t_end = now_ms();
-    n2.stop();
-    let seen = audit(&config, Duration::from_secs(3));
-    let worst = assert_exactly_once(&seen, &jobs, t0 + 2_000, t_end - 2_000);
+    let (seen, worst) = stop_and_audit(n2, &config, &jobs, t0 + 2_000, (4, 3));
     println!(
         "graceful handover: {} runs, worst lateness {worst} ms",
         seen.len()
@@ -130,11 +144,7 @@ async fn kill_9_loses_and_duplicates_nothing() {
         n2.holds() == parts
     });
     let t_takeover = now_ms();
-    std::thread::sleep(Duration::from_secs(5));
-    let t_end = now_ms();
-    n2.stop();
-    let seen = audit(&config, Duration::from_secs(4));
-    let worst = assert_exactly_once(&seen, &jobs, t0 + 3_000, t_end - 2_000);
+    let (seen, worst) = stop_and_audit(n2, &config, &jobs, t0 + 3_000, (5, 4));
     println!(
         "kill -9: {} runs, takeover after {} ms, worst lateness {worst} ms",
         seen.len(),
@@ -335,11 +345,7 @@ async fn a_killed_owner_holding_the_lanes_is_fenced_at_once() {
         || active_count(&n2) > before && n2.holds() == parts,
     );
     let departed = assert_fenced_n1(&n2, n2_http, Some("departed"));
-    std::thread::sleep(Duration::from_secs(4));
-    let t_end = now_ms();
-    n2.stop();
-    let seen = audit(&config, Duration::from_secs(4));
-    let worst = assert_exactly_once(&seen, &jobs, t0 + 2_000, t_end - 2_000);
+    let (seen, worst) = stop_and_audit(n2, &config, &jobs, t0 + 2_000, (4, 4));
     println!(
         "lanes held by a killed node: {} runs, worst lateness {worst} ms, n2's fences {departed}",
         seen.len()
@@ -467,11 +473,7 @@ async fn plain_fires_are_not_written_to_timers_and_restore_exactly() {
     wait_watching(Duration::from_secs(60), "n1 active again", &[&n1], || {
         n1.log_text().matches("partition active").count() >= 2 * parts
     });
-    std::thread::sleep(Duration::from_secs(4));
-    let t_end = now_ms();
-    n1.stop();
-    let seen = audit(&config, Duration::from_secs(3));
-    let worst = assert_exactly_once(&seen, &jobs, t0 + 3_000, t_end - 2_000);
+    let (seen, worst) = stop_and_audit(n1, &config, &jobs, t0 + 3_000, (4, 3));
     println!(
         "progress: {fired} runs then {} in all, {written} timer states written, worst lateness \
          {worst} ms",

@@ -278,8 +278,9 @@ impl Engine {
         let admin = Admin::new(&config)?;
         let limits = record_limits(&config, &admin, &runtime, &topics);
         let targets = Targets::new(&config.topic_prefix);
+        let lanes = Lanes::new(&config, admin, runtime);
         Ok(Engine {
-            config: config.clone(),
+            config,
             node_id,
             now,
             status,
@@ -289,7 +290,7 @@ impl Engine {
             replay,
             fencer,
             fetch: OffsetFetch::default(),
-            lanes: Lanes::new(&config, admin, runtime),
+            lanes,
             topics,
             parts: BTreeMap::new(),
             started: Instant::now(),
@@ -726,11 +727,8 @@ impl Engine {
     /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
     fn poll_restore(&mut self) -> Result<()> {
         let now = (self.now)();
-        let replayed = self.replay.step(&self.store, &mut self.parts, now)?;
-        for job in &replayed.jobs {
-            self.schedules.forget(job);
-        }
-        for (p, buffered) in replayed.done {
+        let done = (self.replay).step(&self.store, &mut self.parts, &mut self.schedules, now)?;
+        for (p, buffered) in done {
             self.activate(p, buffered)?;
         }
         self.fence_stalled_owners();

@@ -12,6 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, warn};
 
 use super::fire;
+use super::ingest::Schedules;
 use super::lifecycle::{Action, Event, Lifecycle};
 use super::store::{Checkpoint, Store};
 use super::SchedulerError;
@@ -29,16 +30,6 @@ pub const SEQ_HEADER: &str = "tocsin-seq";
 /// Most records one replay step applies, and how long it may take.
 const STEP_RECORDS: usize = 50_000;
 const STEP_TIME: Duration = Duration::from_millis(100);
-
-/// What one replay step did.
-#[derive(Debug, Default)]
-pub struct Replayed {
-    /// Partitions whose barrier came back, with the records consumed for them meanwhile: to
-    /// activate, in this order.
-    pub done: Vec<(i32, Vec<OwnedMessage>)>,
-    /// Jobs whose stored state the step changed (their parsed schedules are stale).
-    pub jobs: Vec<String>,
-}
 
 /// The restore consumer of `timers`.
 pub struct Replay {
@@ -121,16 +112,19 @@ impl Replay {
     }
 
     /// One step of the replay (at most `STEP_RECORDS`, or `STEP_TIME`): applies the `timers`
-    /// records of the partitions still restoring in `parts` to the store, checkpoints each
-    /// partition read, and tells each lifecycle the barriers read back. `now` stamps the
-    /// checkpoints.
+    /// records of the partitions still restoring in `parts` to the store (forgetting the
+    /// parsed schedules of the jobs they change), checkpoints each partition read, and tells
+    /// each lifecycle the barriers read back. Returns the partitions whose barrier came back,
+    /// with the records consumed for them meanwhile, to activate in this order. `now` stamps
+    /// the checkpoints.
     pub fn step(
         &self,
         store: &Store,
         parts: &mut BTreeMap<i32, Lifecycle<OwnedMessage>>,
+        schedules: &mut Schedules,
         now: i64,
-    ) -> Result<Replayed, SchedulerError> {
-        let mut out = Replayed::default();
+    ) -> Result<Vec<(i32, Vec<OwnedMessage>)>, SchedulerError> {
+        let mut done = Vec::new();
         let mut batch = store.batch();
         let mut overlay: HashMap<(i32, String), Option<i64>> = HashMap::new();
         let mut checkpoints: HashMap<i32, i64> = HashMap::new();
@@ -162,11 +156,12 @@ impl Replay {
                     token: m.payload().unwrap_or_default(),
                 };
                 if let Some(Action::Activate { buffered }) = part.on(read) {
-                    out.done.push((p, buffered));
+                    done.push((p, buffered));
                 }
                 continue;
             }
             let job = String::from_utf8_lossy(key).into_owned();
+            schedules.forget(&job);
             let old_wake = match overlay.get(&(p, job.clone())) {
                 Some(w) => *w,
                 None => store
@@ -177,27 +172,29 @@ impl Replay {
             match m.payload() {
                 None => {
                     batch.delete_timer(store, p as u16, &job, old_wake);
-                    overlay.insert((p, job.clone()), None);
+                    overlay.insert((p, job), None);
                 }
                 Some(bytes) => match codec::decode::<TimerState>(bytes) {
                     Ok(state) => {
                         let wake = fire::wake_at(&state);
                         let seq = record_seq(&m);
                         batch.put_timer(store, p as u16, &state, bytes, seq, old_wake, wake);
-                        overlay.insert((p, job.clone()), wake);
+                        overlay.insert((p, job), wake);
                     }
                     Err(e) => error!(partition = p, offset = m.offset(), job = %job, error = %e,
                         "undecodable timer state on the changelog; skipped"),
                 },
             }
-            out.jobs.push(job);
         }
         for (p, offset) in checkpoints {
-            let written_ms = now;
-            batch.set_checkpoint(store, p as u16, Checkpoint { offset, written_ms });
+            let checkpoint = Checkpoint {
+                offset,
+                written_ms: now,
+            };
+            batch.set_checkpoint(store, p as u16, checkpoint);
         }
         store.write(batch)?;
-        Ok(out)
+        Ok(done)
     }
 }
 
