@@ -96,7 +96,7 @@ pub fn describe() {
     );
     describe_counter!(
         FENCES,
-        "Previous owners' transactional ids this node initialised to end their open transactions, by outcome (done, failed) and trigger (departed: the group no longer has the partition's previous holder; offset_fetch_held; barrier_late)."
+        "Previous owners' transactional ids this node initialised to end their open transactions, by outcome (done, failed) and trigger (departed: the group no longer has the partition's previous holder; offset_fetch_held; replay_late: the replay held short of its mark)."
     );
     describe_counter!(
         REBALANCES,

@@ -28,7 +28,7 @@ use super::lane::{self, h};
 use super::lifecycle::{Action, Event, Lifecycle};
 use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
-use super::restore::{Replay, BARRIER_PREFIX, SEQ_HEADER};
+use super::restore::{Mark, Replay, SEQ_HEADER};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::takeover::{Fencer, Fetched, Held, OffsetFetch, Trigger};
 use super::SchedulerError;
@@ -117,6 +117,10 @@ struct Topics {
     dead: String,
 }
 
+/// What the offset fetch answers: the committed offsets, and the replay marks listed right after
+/// them.
+type FetchAnswer = (TopicPartitionList, HashMap<i32, Mark>);
+
 pub struct Engine {
     config: Config,
     node_id: String,
@@ -131,7 +135,7 @@ pub struct Engine {
     /// Whom to fence, from the group's membership (described on a thread of its own).
     fencer: Fencer,
     /// The committed-offset fetch of newly assigned partitions: (partition, assignment token).
-    fetch: OffsetFetch<Vec<(i32, String)>>,
+    fetch: OffsetFetch<Vec<(i32, String)>, FetchAnswer>,
     topics: Topics,
     parts: BTreeMap<i32, Lifecycle<OwnedMessage>>,
     /// The origin of the monotonic milliseconds the lifecycles are told time in.
@@ -375,7 +379,6 @@ impl Engine {
         if self.fetch.in_flight().is_some() || self.parts.values().any(|p| !p.is_active()) {
             self.fencer.fence_departed_holders();
             self.fetch_offsets();
-            self.write_barriers()?;
             self.poll_restore()?;
         }
         if !batch.is_empty() {
@@ -591,8 +594,19 @@ impl Engine {
             tpl.add_partition(&self.topics.jobs, *p);
             tpl.add_partition(&self.topics.control, *p);
         }
+        let marks: Vec<(i32, bool)> = (want.iter())
+            .map(|(p, _)| (*p, self.replay.starts_at_first(*p)))
+            .collect();
         debug!(partitions = want.len(), "fetching committed offsets");
-        self.fetch.start(&self.group, tpl, TXN_TIMEOUT, want);
+        let (group, marker) = (self.group.clone(), self.replay.marker());
+        // The marks are listed only once the fetch is answered (`restore`'s doc says why).
+        let fetch = move || {
+            Ok((
+                group.committed_offsets(tpl, TXN_TIMEOUT)?,
+                marker.list(&marks)?,
+            ))
+        };
+        self.fetch.start(fetch, want);
     }
 
     /// Whether `p` is restoring under the assignment `token` still.
@@ -600,17 +614,25 @@ impl Engine {
         (self.parts.get(&p)).is_some_and(|part| part.restoring_token() == Some(token))
     }
 
-    /// Applies fetched committed offsets to the partitions still restoring under the
-    /// assignment they were fetched for.
+    /// Applies fetched committed offsets, and the replay marks listed right after them, to the
+    /// partitions still restoring under the assignment they were fetched for. One the listing
+    /// left out is fetched again.
     fn take_committed(
         &mut self,
         of: &[(i32, String)],
-        committed: &TopicPartitionList,
+        (committed, marks): &FetchAnswer,
         took: Duration,
     ) {
-        let current: HashSet<i32> = (of.iter())
+        let current: Vec<i32> = (of.iter())
             .filter(|(p, token)| self.restoring(*p, token))
             .map(|(p, _)| *p)
+            .collect();
+        let current: HashSet<i32> = (current.into_iter())
+            .filter(|p| {
+                marks
+                    .get(p)
+                    .is_some_and(|(first, high)| self.replay.mark(*p, *first, *high))
+            })
             .collect();
         for e in committed.elements() {
             if !current.contains(&e.partition()) {
@@ -628,69 +650,24 @@ impl Engine {
                     .insert((e.topic().to_owned(), e.partition()), o);
             }
         }
+        let at_ms = self.mono_ms();
         for p in &current {
             if let Some(part) = self.parts.get_mut(p) {
                 part.on(Event::OffsetsFetched);
+                part.on(Event::Marked { at_ms });
             }
+        }
+        if current.len() < of.len() {
+            warn!(
+                partitions = of.len() - current.len(),
+                "could not list the timers high watermarks of some partitions; fetching them again"
+            );
         }
         info!(
             partitions = current.len(),
             took_ms = took.as_millis() as u64,
-            "committed offsets fetched"
+            "committed offsets fetched, replay ends marked"
         );
-    }
-
-    /// One fenced transaction per batch of newly assigned partitions whose offsets are in
-    /// writes a barrier record to each of their `timers` partitions, and commits their
-    /// offsets again (as fetched). Reading our own barrier back in `read_committed` proves
-    /// every earlier transaction on that partition (a previous owner's included) has been
-    /// committed or aborted and replayed.
-    fn write_barriers(&mut self) -> Result<()> {
-        let pending: Vec<(i32, String)> = self
-            .parts
-            .iter()
-            .filter_map(|(p, part)| Some((*p, part.barrier_to_write()?.to_owned())))
-            .collect();
-        if pending.is_empty() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let mut offsets = TopicPartitionList::new();
-        for (p, _) in &pending {
-            for topic in [&self.topics.jobs, &self.topics.control] {
-                if let Some(o) = self.committed.get(&(topic.clone(), *p)).copied() {
-                    self.add_offset(&mut offsets, topic, *p, o, None)?;
-                }
-            }
-        }
-        self.producer.begin()?;
-        let key = [BARRIER_PREFIX, self.node_id.as_bytes()].concat();
-        for (p, token) in &pending {
-            let record = BaseRecord::to(&self.topics.timers)
-                .partition(*p)
-                .key(&key)
-                .payload(token.as_bytes());
-            if let Err((e, _)) = self.producer.send(record) {
-                self.producer.abort();
-                return Err(e.into());
-            }
-        }
-        if let Err(e) = self.commit(&offsets) {
-            self.producer.abort();
-            return Err(e);
-        }
-        let at_ms = self.mono_ms();
-        for (p, _) in &pending {
-            if let Some(part) = self.parts.get_mut(p) {
-                part.on(Event::BarrierCommitted { at_ms });
-            }
-        }
-        info!(
-            partitions = pending.len(),
-            took_ms = started.elapsed().as_millis() as u64,
-            "barriers committed"
-        );
-        Ok(())
     }
 
     /// Adds an offset to commit; one of a `jobs` partition carries the partition's progress
@@ -724,7 +701,7 @@ impl Engine {
         self.started.elapsed().as_millis() as i64
     }
 
-    /// Replays `timers` for Restoring partitions; promotes those whose barrier came back.
+    /// Replays `timers` for Restoring partitions; promotes those caught up with their mark.
     fn poll_restore(&mut self) -> Result<()> {
         let now = (self.now)();
         let done = (self.replay).step(&self.store, &mut self.parts, &mut self.schedules, now)?;
@@ -735,8 +712,8 @@ impl Engine {
         Ok(())
     }
 
-    /// A barrier that does not come back means an open transaction holds the partition: the
-    /// previous owner died or stalled mid-transaction. Rather than wait for the broker to
+    /// A replay that does not reach its mark means an open transaction holds the partition:
+    /// the previous owner died or stalled mid-transaction. Rather than wait for the broker to
     /// abort it (`transaction.timeout.ms`, plus its abort sweep), fence that owner's
     /// transactional id, which aborts the transaction at once (`Fencer`, which fences only a
     /// node the group no longer has, on a thread of its own, so firing of the partitions
@@ -745,13 +722,13 @@ impl Engine {
         let now_ms = self.mono_ms();
         let late: Vec<i32> = (self.parts.iter_mut())
             .filter_map(|(p, part)| match part.on(Event::Tick { now_ms }) {
-                Some(Action::Fence(_)) => Some(*p),
+                Some(Action::Fence) => Some(*p),
                 _ => None,
             })
             .collect();
         if !late.is_empty() {
             let held = self.held(&late);
-            self.fencer.fence_held(&held, Trigger::BarrierLate);
+            self.fencer.fence_held(&held, Trigger::ReplayLate);
         }
     }
 

@@ -3,25 +3,26 @@
 //! the clock (time comes in with the events), so every transition is unit-tested.
 //!
 //! ```text
-//!   assigned ──► Restoring ──(our barrier read back)──► Active ──(revoked)──► gone
+//!   assigned ──► Restoring ──(replay caught up with the mark)──► Active ──(revoked)──► gone
 //!                 │  ▲
 //!                 │  └─ records of `jobs`/`control` are buffered, in order
-//!                 ├──── committed offsets fetched ──► barrier written ──► barrier committed
-//!                 └──── barrier committed, not back after FENCE_AFTER, previous owner known
-//!                       ──► fence that owner (once per attempt; the engine limits repeats,
-//!                           and fences only a node the group no longer has)
+//!                 ├──── committed offsets fetched ──► replay end marked
+//!                 └──── marked, not caught up after FENCE_AFTER
+//!                       ──► fence the previous owner (the engine asks the fencer, which
+//!                           fences only a node the group no longer has, and limits repeats)
 //! ```
 //!
-//! Restoring replays the partition's `timers` from the store's checkpoint up to our barrier: a
-//! record with our token, written in a transaction of ours. Reading it back through a
-//! `read_committed` consumer proves every earlier transaction on the partition has ended
-//! (committed or aborted), so the replayed state is the partition's whole state. A barrier of
-//! another node read on the way names the partition's previous owner: if ours does not come
-//! back, that owner's open transaction is what holds it.
+//! Restoring replays the partition's `timers` from the store's checkpoint up to a mark: the
+//! partition's high watermark, listed only after its committed offsets were fetched. Once the
+//! fetch is answered, no transaction but ours can still commit records to the partition (see
+//! `restore`), so everything committed to it lies below the mark; a `read_committed` reader
+//! past the mark has seen every earlier transaction end (committed or aborted), and the
+//! replayed state is the partition's whole state. A barrier record of another node read on
+//! the way (written by earlier builds) names the partition's previous owner.
 
 use std::time::Duration;
 
-/// How long our barrier may take to come back before the previous owner is fenced.
+/// How long the replay may take to reach its mark before the previous owner is fenced.
 pub const FENCE_AFTER: Duration = Duration::from_secs(1);
 
 /// Where a partition stands.
@@ -29,11 +30,11 @@ pub const FENCE_AFTER: Duration = Duration::from_secs(1);
 enum Phase<M> {
     Restoring {
         token: String,
-        /// Whether the partition's committed offsets (and progress) are in: the barrier's
-        /// transaction commits them again, so it is written only after.
+        /// Whether the partition's committed offsets (and progress) are in: the replay's end
+        /// is marked only after.
         offsets_fetched: bool,
-        /// When our barrier committed, in ms (`None`: still to be written).
-        barrier_at_ms: Option<i64>,
+        /// When the replay's end was marked, in ms (`None`: still to mark).
+        marked_at_ms: Option<i64>,
         /// The node whose barrier we last replayed: the partition's previous owner.
         previous_owner: Option<String>,
         /// Records consumed from `jobs`/`control` before the partition is active.
@@ -47,10 +48,13 @@ enum Phase<M> {
 pub enum Event<'a, M> {
     /// The partition's committed offsets were fetched.
     OffsetsFetched,
-    /// Our barrier's transaction committed at `at_ms`.
-    BarrierCommitted { at_ms: i64 },
-    /// The replay read a barrier record written by `owner`, carrying `token`.
-    BarrierRead { owner: &'a str, token: &'a [u8] },
+    /// The replay's end was marked at `at_ms`.
+    Marked { at_ms: i64 },
+    /// The replay has read the partition up to its mark.
+    CaughtUp,
+    /// The replay read a barrier record written by `owner` (versions before the mark wrote
+    /// them to restore; they still name a previous owner).
+    BarrierRead { owner: &'a str },
     /// A record of the partition's `jobs` or `control` was consumed.
     Record(M),
     /// Time has come to `now_ms`.
@@ -62,8 +66,9 @@ pub enum Event<'a, M> {
 pub enum Action<M> {
     /// The replay is complete: stop it, apply `buffered` (in order), then fire the partition.
     Activate { buffered: Vec<M> },
-    /// Fence this node's transactional id: its open transaction holds our barrier.
-    Fence(String),
+    /// The replay is held past its mark: an open transaction of the previous owner holds the
+    /// partition; fence that owner if the group no longer has it.
+    Fence,
     /// Apply this record now.
     Apply(M),
 }
@@ -77,14 +82,15 @@ pub struct Lifecycle<M> {
 }
 
 impl<M> Lifecycle<M> {
-    /// A partition just assigned: restoring, its barrier (carrying `token`) still to write.
+    /// A partition just assigned (`token` names the assignment): restoring, its committed
+    /// offsets still to fetch.
     pub fn assigned(me: &str, token: String) -> Lifecycle<M> {
         Lifecycle {
             me: me.to_owned(),
             phase: Phase::Restoring {
                 token,
                 offsets_fetched: false,
-                barrier_at_ms: None,
+                marked_at_ms: None,
                 previous_owner: None,
                 buffered: Vec::new(),
             },
@@ -103,8 +109,8 @@ impl<M> Lifecycle<M> {
         }
     }
 
-    /// The token of this assignment while restoring: a fetch or a write started for an
-    /// earlier assignment of the partition carries another.
+    /// The token of this assignment while restoring: a fetch started for an earlier
+    /// assignment of the partition carries another.
     pub fn restoring_token(&self) -> Option<&str> {
         match &self.phase {
             Phase::Restoring { token, .. } => Some(token),
@@ -125,17 +131,18 @@ impl<M> Lifecycle<M> {
         matches!(self.phase, Phase::Active)
     }
 
-    /// The token of the barrier still to be written, once the offsets are in.
-    pub fn barrier_to_write(&self) -> Option<&str> {
-        match &self.phase {
+    /// Whether the replay's end is to be marked now: the offsets are in, no mark yet (the
+    /// engine marks in the step that takes the offsets in).
+    #[cfg(test)]
+    pub fn to_mark(&self) -> bool {
+        matches!(
+            self.phase,
             Phase::Restoring {
-                token,
                 offsets_fetched: true,
-                barrier_at_ms: None,
+                marked_at_ms: None,
                 ..
-            } => Some(token),
-            _ => None,
-        }
+            }
+        )
     }
 
     pub fn on(&mut self, event: Event<'_, M>) -> Option<Action<M>> {
@@ -155,42 +162,46 @@ impl<M> Lifecycle<M> {
                 *offsets_fetched = true;
                 None
             }
-            (Phase::Restoring { barrier_at_ms, .. }, Event::BarrierCommitted { at_ms }) => {
-                *barrier_at_ms = Some(at_ms);
+            (
+                Phase::Restoring {
+                    offsets_fetched: true,
+                    marked_at_ms,
+                    ..
+                },
+                Event::Marked { at_ms },
+            ) => {
+                *marked_at_ms = Some(at_ms);
+                None
+            }
+            (Phase::Restoring { .. }, Event::Marked { .. }) => None,
+            (
+                Phase::Restoring {
+                    marked_at_ms: Some(_),
+                    ..
+                },
+                Event::CaughtUp,
+            ) => {
+                let Phase::Restoring { buffered, .. } =
+                    std::mem::replace(&mut self.phase, Phase::Active)
+                else {
+                    unreachable!("matched Restoring above");
+                };
+                Some(Action::Activate { buffered })
+            }
+            (Phase::Restoring { .. }, Event::CaughtUp) => None,
+            (Phase::Restoring { previous_owner, .. }, Event::BarrierRead { owner }) => {
+                if owner != self.me {
+                    *previous_owner = Some(owner.to_owned());
+                }
                 None
             }
             (
                 Phase::Restoring {
-                    token,
-                    previous_owner,
-                    ..
-                },
-                Event::BarrierRead { owner, token: read },
-            ) => {
-                if read == token.as_bytes() {
-                    let Phase::Restoring { buffered, .. } =
-                        std::mem::replace(&mut self.phase, Phase::Active)
-                    else {
-                        unreachable!("matched Restoring above");
-                    };
-                    Some(Action::Activate { buffered })
-                } else {
-                    if owner != self.me {
-                        *previous_owner = Some(owner.to_owned());
-                    }
-                    None
-                }
-            }
-            (
-                Phase::Restoring {
-                    barrier_at_ms: Some(at),
-                    previous_owner: Some(owner),
+                    marked_at_ms: Some(at),
                     ..
                 },
                 Event::Tick { now_ms },
-            ) if now_ms - *at >= FENCE_AFTER.as_millis() as i64 => {
-                Some(Action::Fence(owner.clone()))
-            }
+            ) if now_ms - *at >= FENCE_AFTER.as_millis() as i64 => Some(Action::Fence),
             (Phase::Restoring { .. }, Event::Tick { .. }) => None,
         }
     }
@@ -207,23 +218,19 @@ mod tests {
     }
 
     #[test]
-    fn records_wait_for_the_barrier_then_apply_in_order() {
+    fn records_wait_for_the_replay_then_apply_in_order() {
         let mut l = restoring();
         assert_eq!(l.offsets_to_fetch(), Some("n2/1/7/1000"));
-        assert_eq!(l.barrier_to_write(), None, "not before the offsets are in");
+        assert!(!l.to_mark(), "not before the offsets are in");
+        assert_eq!(l.on(Event::Record(1)), None);
         assert_eq!(l.on(Event::OffsetsFetched), None);
         assert_eq!(l.offsets_to_fetch(), None);
-        assert_eq!(l.barrier_to_write(), Some("n2/1/7/1000"));
-        assert_eq!(l.on(Event::Record(1)), None);
-        assert_eq!(l.on(Event::BarrierCommitted { at_ms: 1_100 }), None);
-        assert_eq!(l.barrier_to_write(), None);
+        assert!(l.to_mark());
+        assert_eq!(l.on(Event::Marked { at_ms: 1_100 }), None);
+        assert!(!l.to_mark());
         assert_eq!(l.on(Event::Record(2)), None);
-        let back = Event::BarrierRead {
-            owner: "n2",
-            token: b"n2/1/7/1000",
-        };
         assert_eq!(
-            l.on(back),
+            l.on(Event::CaughtUp),
             Some(Action::Activate {
                 buffered: vec![1, 2]
             })
@@ -233,72 +240,65 @@ mod tests {
     }
 
     #[test]
-    fn a_barrier_of_an_earlier_assignment_of_ours_does_not_activate() {
+    fn nothing_activates_before_the_offsets_are_in_and_the_end_is_marked() {
         let mut l = restoring();
-        l.on(Event::BarrierCommitted { at_ms: 1_100 });
-        let stale = Event::BarrierRead {
-            owner: "n2",
-            token: b"n2/0/7/500",
-        };
-        assert_eq!(l.on(stale), None);
+        // A mark taken before the offsets were fetched proves nothing: a transaction whose
+        // offset commit is pending can still commit records past it.
+        assert_eq!(l.on(Event::Marked { at_ms: 10 }), None);
+        assert_eq!(l.on(Event::CaughtUp), None);
         assert!(!l.is_active());
-        // Our own old barrier names no previous owner: nothing to fence.
-        assert_eq!(l.on(Event::Tick { now_ms: 60_000 }), None);
+        l.on(Event::OffsetsFetched);
+        assert!(l.to_mark(), "the early mark did not count");
+        assert_eq!(l.on(Event::CaughtUp), None, "not before the mark");
+        assert!(!l.is_active());
+        l.on(Event::Marked { at_ms: 20 });
+        assert!(matches!(
+            l.on(Event::CaughtUp),
+            Some(Action::Activate { .. })
+        ));
     }
 
     #[test]
-    fn a_stalled_previous_owner_is_fenced_once_our_barrier_is_late() {
+    fn a_replay_held_past_its_mark_asks_for_a_fence() {
         let mut l = restoring();
-        let theirs = Event::BarrierRead {
-            owner: "n1",
-            token: b"n1/4/7/300",
-        };
-        assert_eq!(l.on(theirs), None);
+        assert_eq!(l.on(Event::BarrierRead { owner: "n1" }), None);
         assert_eq!(l.previous_owner(), Some("n1"));
-        // Not before our barrier committed, however long it takes to write it.
+        // Not before the end is marked, however long the offsets take.
         assert_eq!(l.on(Event::Tick { now_ms: 10_000 }), None);
-        l.on(Event::BarrierCommitted { at_ms: 10_000 });
+        l.on(Event::OffsetsFetched);
+        l.on(Event::Marked { at_ms: 10_000 });
         assert_eq!(l.on(Event::Tick { now_ms: 10_999 }), None);
-        assert_eq!(
-            l.on(Event::Tick { now_ms: 11_000 }),
-            Some(Action::Fence("n1".into()))
-        );
+        assert_eq!(l.on(Event::Tick { now_ms: 11_000 }), Some(Action::Fence));
         // Once active, nothing is fenced.
-        let back = Event::BarrierRead {
-            owner: "n2",
-            token: b"n2/1/7/1000",
-        };
-        assert!(matches!(l.on(back), Some(Action::Activate { .. })));
+        assert!(matches!(
+            l.on(Event::CaughtUp),
+            Some(Action::Activate { .. })
+        ));
         assert_eq!(l.on(Event::Tick { now_ms: 20_000 }), None);
     }
 
     #[test]
-    fn the_last_foreign_barrier_names_the_previous_owner() {
+    fn the_last_foreign_barrier_names_the_previous_owner_and_ours_none() {
         let mut l = restoring();
-        for (owner, token) in [("n1", &b"n1/1/7/1"[..]), ("n3", &b"n3/2/7/2"[..])] {
-            l.on(Event::BarrierRead { owner, token });
+        for owner in ["n1", "n3", "n2"] {
+            l.on(Event::BarrierRead { owner });
         }
-        l.on(Event::BarrierCommitted { at_ms: 0 });
-        assert_eq!(
-            l.on(Event::Tick { now_ms: 5_000 }),
-            Some(Action::Fence("n3".into()))
-        );
+        assert_eq!(l.previous_owner(), Some("n3"));
     }
 
     #[test]
-    fn an_active_partition_ignores_barriers_and_time() {
+    fn an_active_partition_ignores_the_restore_and_time() {
         let mut l = restoring();
-        l.on(Event::BarrierRead {
-            owner: "n2",
-            token: b"n2/1/7/1000",
-        });
+        l.on(Event::OffsetsFetched);
+        l.on(Event::Marked { at_ms: 1 });
+        l.on(Event::CaughtUp);
         assert!(l.is_active());
-        assert_eq!(l.on(Event::BarrierCommitted { at_ms: 1 }), None);
-        let again = Event::BarrierRead {
-            owner: "n1",
-            token: b"x",
-        };
-        assert_eq!(l.on(again), None);
+        assert_eq!(l.on(Event::OffsetsFetched), None);
+        assert_eq!(l.on(Event::Marked { at_ms: 2 }), None);
+        assert_eq!(l.on(Event::CaughtUp), None);
+        assert_eq!(l.on(Event::BarrierRead { owner: "n1" }), None);
+        assert_eq!(l.on(Event::Tick { now_ms: 60_000 }), None);
         assert!(l.is_active());
+        assert_eq!(l.previous_owner(), None);
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! A node that dies mid-transaction leaves that transaction open. Until it ends, the new
 //! owner's offset fetch for the partitions it carried offsets of is answered
-//! `UNSTABLE_OFFSET_COMMIT` (librdkafka retries it), and the new owner's barrier sits behind
-//! it on `timers`. The broker ends it only after `transaction.timeout.ms` and its abort sweep.
+//! `UNSTABLE_OFFSET_COMMIT` (librdkafka retries it), and the new owner's replay of `timers` is
+//! held short of its mark. The broker ends it only after `transaction.timeout.ms` and its abort sweep.
 //! Fencing the dead node's transactional id ends it at once. Which node to fence comes from the
 //! group: [`Roster`] remembers who held each partition, and fences only a node the group no
 //! longer has as a member, so a live node is never fenced.
@@ -15,9 +15,7 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::TopicPartitionList;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
@@ -198,26 +196,26 @@ pub enum Trigger {
     /// The group, described after the assignment, no longer has the partition's previous
     /// holder: fenced at once, before anything of the restore waits on it. A node killed
     /// while its transaction held only lane and `runs` partitions (its offsets not sent yet)
-    /// blocks neither the offset fetch nor the barrier, but holds every lane.
+    /// blocks neither the offset fetch nor the replay, but holds every lane.
     Departed,
     /// The committed-offset fetch was not answered within `FETCH_HELD_AFTER`.
     OffsetFetchHeld,
-    /// The barrier was not back within `lifecycle::FENCE_AFTER`.
-    BarrierLate,
+    /// The replay had not reached its mark within `lifecycle::FENCE_AFTER`.
+    ReplayLate,
 }
 
 impl Trigger {
     pub const ALL: [Trigger; 3] = [
         Trigger::Departed,
         Trigger::OffsetFetchHeld,
-        Trigger::BarrierLate,
+        Trigger::ReplayLate,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
             Trigger::Departed => "departed",
             Trigger::OffsetFetchHeld => "offset_fetch_held",
-            Trigger::BarrierLate => "barrier_late",
+            Trigger::ReplayLate => "replay_late",
         }
     }
 }
@@ -229,7 +227,7 @@ pub struct Held {
     /// When its restore started: only a description made since then can say its previous
     /// owner left.
     pub since: Instant,
-    /// The previous owner its replayed barriers name, if any.
+    /// The previous owner barriers replayed name, if any (written by earlier versions).
     pub barrier_owner: Option<String>,
 }
 
@@ -332,7 +330,7 @@ impl Fencer {
 }
 
 /// The departed previous owners of `held` (those the group's descriptions saw holding them,
-/// and those their barriers name), and the partitions no description since their assignment
+/// and those barriers replayed name), and the partitions no description since their assignment
 /// can answer for yet. `me` is never among them.
 fn departed(roster: &Roster, me: &str, held: &[Held]) -> (BTreeSet<String>, BTreeSet<i32>) {
     let mut owners = BTreeSet::new();
@@ -356,21 +354,21 @@ fn departed(roster: &Roster, me: &str, held: &[Held]) -> (BTreeSet<String>, BTre
 /// The committed offsets of newly assigned partitions, fetched on a thread of its own, so a
 /// fetch the broker holds (`UNSTABLE_OFFSET_COMMIT`, retried by librdkafka) never stalls the
 /// firing of the partitions already active. One fetch at a time.
-pub struct OffsetFetch<T> {
-    pending: Option<Pending<T>>,
+pub struct OffsetFetch<T, A> {
+    pending: Option<Pending<T, A>>,
     /// After a failed fetch, when the next may start.
     retry_at: Option<Instant>,
 }
 
-struct Pending<T> {
+struct Pending<T, A> {
     /// What the caller asked for, given back with the answer.
     of: T,
     started: Instant,
-    answer: Receiver<Result<TopicPartitionList, KafkaError>>,
+    answer: Receiver<Result<A, KafkaError>>,
 }
 
 /// Where the fetch stands.
-pub enum Fetched<T> {
+pub enum Fetched<T, A> {
     /// None is in flight.
     Idle,
     /// One is in flight since `since`.
@@ -379,11 +377,11 @@ pub enum Fetched<T> {
     Done {
         of: T,
         took: Duration,
-        answer: Result<TopicPartitionList, KafkaError>,
+        answer: Result<A, KafkaError>,
     },
 }
 
-impl<T> Default for OffsetFetch<T> {
+impl<T, A> Default for OffsetFetch<T, A> {
     fn default() -> Self {
         OffsetFetch {
             pending: None,
@@ -392,7 +390,7 @@ impl<T> Default for OffsetFetch<T> {
     }
 }
 
-impl<T> OffsetFetch<T> {
+impl<T, A> OffsetFetch<T, A> {
     /// What the fetch in flight is for.
     pub fn in_flight(&self) -> Option<&T> {
         self.pending.as_ref().map(|p| &p.of)
@@ -408,20 +406,17 @@ impl<T> OffsetFetch<T> {
         self.retry_at = Some(Instant::now() + after);
     }
 
-    /// Starts fetching the committed offsets of `tpl` through `group`, remembering `of`.
-    pub fn start<C: ConsumerContext + 'static>(
-        &mut self,
-        group: &Arc<BaseConsumer<C>>,
-        tpl: TopicPartitionList,
-        timeout: Duration,
-        of: T,
-    ) {
+    /// Starts `fetch` (the committed offsets, and what must follow them at once) on a thread
+    /// of its own, remembering `of`.
+    pub fn start(&mut self, fetch: impl FnOnce() -> Result<A, KafkaError> + Send + 'static, of: T)
+    where
+        A: Send + 'static,
+    {
         let (tx, rx) = mpsc::channel();
-        let group = group.clone();
         let spawned = std::thread::Builder::new()
             .name("offset-fetch".into())
             .spawn(move || {
-                let _ = tx.send(group.committed_offsets(tpl, timeout));
+                let _ = tx.send(fetch());
             });
         match spawned {
             Ok(_) => {
@@ -437,7 +432,7 @@ impl<T> OffsetFetch<T> {
     }
 
     /// The fetch's state; an answer is handed out once.
-    pub fn poll(&mut self) -> Fetched<T> {
+    pub fn poll(&mut self) -> Fetched<T, A> {
         let Some(p) = &self.pending else {
             return Fetched::Idle;
         };
