@@ -20,12 +20,12 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::deliver::{self, Target, Targets};
 use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::ingest::{self, ControlChange, JobChange, Lanes, Schedules};
-use super::lane::{self, h};
+use super::lane::h;
 use super::lifecycle::{Action, Event, Lifecycle};
+use super::output::{FiredFrom, Output};
 use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::restore::{Mark, Replay, SEQ_HEADER};
@@ -33,11 +33,9 @@ use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::takeover::{Fencer, Fetched, Held, OffsetFetch, Trigger};
 use super::SchedulerError;
 use crate::codec::{self, Framing};
-use crate::config::{Config, KafkaDelivery};
-use crate::history::{self, Known, Reporter};
+use crate::config::Config;
 use crate::kafka::admin::{Admin, AdminError};
-use crate::model::job::{HandlerKind, JobDefinition};
-use crate::model::records::{DeadLetter, Run, RunEvent, RunEventKind, TimerState};
+use crate::model::records::TimerState;
 use crate::model::validate::Limits;
 use crate::node::{NodeStatus, NowFn, IDLE_READY_AFTER};
 use crate::telemetry::{self, AbortReason, LagTally, Rejection};
@@ -113,8 +111,6 @@ struct Topics {
     timers: String,
     control: String,
     runs: String,
-    rejected: String,
-    dead: String,
 }
 
 /// What the offset fetch answers: the committed offsets, and the replay marks listed right after
@@ -143,7 +139,8 @@ pub struct Engine {
     /// Next offset to commit per (topic, partition), as of the last committed transaction.
     committed: HashMap<(String, i32), i64>,
     schedules: Schedules,
-    lanes: Lanes,
+    /// Lanes, `runs`, `dead`, `jobs.rejected` and direct delivery.
+    output: Output,
     assignments: u64,
     /// The (assignments, owned, active) the node's view was last published at.
     published: Option<(u64, usize, usize)>,
@@ -159,11 +156,6 @@ pub struct Engine {
     /// Jobs (by key) whose records the broker refused, with the reason and how often: at
     /// `QUARANTINE_AFTER` the job is set aside (`quarantine_record`, `quarantine_timer`).
     suspects: HashMap<String, (u32, String)>,
-    /// Target topics of `kafka` jobs, as the broker's metadata last showed them.
-    targets: Targets,
-    /// Jobs whose target refused a record in the transaction that just failed, with the
-    /// reason: their runs go to `dead` when it is retried. Cleared by each commit.
-    dead_targets: HashMap<String, String>,
     /// Per owned `jobs` partition, its firing progress as of the last committed transaction
     /// (`progress`); committed with every offset of the partition.
     progress: HashMap<i32, Progress>,
@@ -250,8 +242,6 @@ impl Engine {
             timers: config.topic("timers"),
             control: config.topic("control"),
             runs: config.topic("runs"),
-            rejected: config.topic("jobs.rejected"),
-            dead: config.topic("dead"),
         };
         let producer = TxnProducer::new(&config, &node_id, &topics.timers)?;
 
@@ -281,8 +271,8 @@ impl Engine {
 
         let admin = Admin::new(&config)?;
         let limits = record_limits(&config, &admin, &runtime, &topics);
-        let targets = Targets::new(&config.topic_prefix);
         let lanes = Lanes::new(&config, admin, runtime);
+        let output = Output::new(&config, &node_id, lanes, limits.max_record_bytes);
         Ok(Engine {
             config,
             node_id,
@@ -294,7 +284,7 @@ impl Engine {
             replay,
             fencer,
             fetch: OffsetFetch::default(),
-            lanes,
+            output,
             topics,
             parts: BTreeMap::new(),
             started: Instant::now(),
@@ -307,15 +297,13 @@ impl Engine {
             subscribed: None,
             limits,
             suspects: HashMap::new(),
-            targets,
-            dead_targets: HashMap::new(),
             progress: HashMap::new(),
         })
     }
 
     /// Runs until `shutdown` is cancelled. Never returns with a transaction open.
     pub fn run(mut self, shutdown: CancellationToken) -> Result<()> {
-        self.lanes.seed();
+        self.output.seed_lanes();
         self.producer.init(&shutdown)?;
         self.group
             .subscribe(&[&self.topics.jobs, &self.topics.control])?;
@@ -384,7 +372,7 @@ impl Engine {
         if !batch.is_empty() {
             self.transact(batch, &[])?;
         }
-        self.lanes.create_wanted();
+        self.output.create_wanted_lanes();
         let now = (self.now)();
         if now >= *next_tick {
             self.fire_tick(now)?;
@@ -939,7 +927,7 @@ impl Engine {
                         .entry((self.topics.jobs.clone(), *p))
                         .or_insert(0);
                 }
-                self.dead_targets.clear();
+                self.output.committed();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
                 telemetry::transaction_committed(txn.runs, txn.lags, elapsed);
                 Ok(())
@@ -956,15 +944,7 @@ impl Engine {
                 } else {
                     AbortReason::Broker
                 });
-                // Every target is looked up again: one deleted since it was cached would hold
-                // its records until they time out, and fail every retry the same way.
-                self.targets.clear();
-                for (topic, job, reason) in targets {
-                    warn!(job = %job, topic = %topic, reason = %reason,
-                        "a target refused a run's record; the run goes to dead on the retry");
-                    self.targets.refused(&topic, reason.clone());
-                    self.dead_targets.insert(job, reason);
-                }
+                self.output.aborted(targets);
                 for (job, reason) in refused {
                     let entry = self
                         .suspects
@@ -1176,7 +1156,7 @@ impl Engine {
             return Ok(());
         };
         let limits = FireLimits {
-            completes_at_fire: self.delivers(&state.definition),
+            completes_at_fire: self.output.delivers(&state.definition),
             ..limits
         };
         let before = fire::Plain::of(&state);
@@ -1192,20 +1172,16 @@ impl Engine {
         if plain {
             assert_eq!(replayed, state, "a plain fire must be what advance replays");
         }
+        let from = FiredFrom {
+            partition: p,
+            assignment_epoch: self.assignments,
+        };
         for d in &fired.runs {
-            self.produce_run(&state, d, p, now)?;
+            (self.output).run(&self.producer, &state, d, from, now)?;
             txn.lags.add(now - d.scheduled_ms, &state.definition.tenant);
         }
         for s in &fired.skipped {
-            let event = lane::event(
-                &state.definition,
-                *s,
-                1,
-                RunEventKind::Skipped,
-                now,
-                &self.node_id,
-            );
-            self.produce_event(&event, &Known::default())?;
+            (self.output).skipped(&self.producer, &state.definition, *s, now)?;
         }
         if fired.missed > 0 {
             metrics::counter!("tocsin_instants_missed_total").increment(fired.missed);
@@ -1249,7 +1225,13 @@ impl Engine {
         let definition = state
             .as_ref()
             .map(|s| codec::encode(&s.definition, &Framing::SingleObject));
-        self.produce_rejected(job.as_bytes(), definition.as_deref(), &reason, &source)?;
+        self.output.rejected(
+            &self.producer,
+            job.as_bytes(),
+            definition.as_deref(),
+            &reason,
+            &source,
+        )?;
         let record = BaseRecord::<[u8], [u8]>::to(&self.topics.timers)
             .partition(p)
             .key(job.as_bytes());
@@ -1294,9 +1276,7 @@ impl Engine {
                 state,
                 schedule,
             } => {
-                if !self.delivers(&state.definition) {
-                    self.lanes.want(&state.definition.tenant);
-                }
+                self.output.want_lane(&state.definition);
                 txn.change(p, &job, Some(*state), old_wake, false);
                 self.schedules.insert(job, schedule);
             }
@@ -1332,152 +1312,13 @@ impl Engine {
         warn!(topic = m.topic(), partition = m.partition(), offset = m.offset(), reason = %reason,
             "rejected input record");
         let source = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
-        self.produce_rejected(m.key().unwrap_or_default(), m.payload(), &reason, &source)
-    }
-
-    /// One record on `jobs.rejected` (`ingest::rejected_copy`).
-    fn produce_rejected(
-        &mut self,
-        key: &[u8],
-        value: Option<&[u8]>,
-        reason: &str,
-        source: &str,
-    ) -> Result<()> {
-        let copy = ingest::rejected_copy(key, value, reason, source, self.limits.max_record_bytes);
-        let headers = (copy.headers.iter()).fold(OwnedHeaders::new(), |hs, (name, value)| {
-            hs.insert(h(name, value))
-        });
-        let mut record = BaseRecord::<[u8], [u8]>::to(&self.topics.rejected).headers(headers);
-        if let Some(k) = copy.key {
-            record = record.key(k);
-        }
-        if let Some(v) = copy.value {
-            record = record.payload(v);
-        }
-        self.producer.send(record).map_err(|(e, _)| e)?;
-        Ok(())
-    }
-
-    /// Whether this node writes `def`'s runs into their target itself (`kafka_delivery`).
-    fn delivers(&self, def: &JobDefinition) -> bool {
-        def.handler.kind == HandlerKind::Kafka
-            && self.config.scheduler.kafka_delivery == KafkaDelivery::Direct
-    }
-
-    fn produce_run(&mut self, state: &TimerState, d: &fire::Due, p: i32, now: i64) -> Result<()> {
-        let def = &state.definition;
-        let instance = lane::Instance {
-            scheduled_ms: d.scheduled_ms,
-            attempt: d.attempt,
-            reason: d.reason,
-        };
-        let run = lane::run(def, instance, now);
-        if self.delivers(def) {
-            return self.deliver(state, &run, now);
-        }
-        let lane = self.lanes.ensure(&def.tenant)?;
-        let bytes = codec::encode(&run, &Framing::SingleObject);
-        let fired = lane::Fired {
-            fire_ms: now,
-            partition: p,
-            assignment_epoch: self.assignments,
-            node: &self.node_id,
-        };
-        let record = BaseRecord::to(&lane)
-            .key(def.id.as_bytes())
-            .payload(&bytes)
-            .headers(lane::headers(&run, &fired));
-        self.producer.send(record).map_err(|(e, _)| e)?;
-        let event = lane::event(
-            &state.definition,
-            d.scheduled_ms,
-            d.attempt,
-            RunEventKind::Fired,
-            now,
-            &self.node_id,
-        );
-        self.produce_event(&event, &Known::default())
-    }
-
-    /// Writes a `kafka` job's run into its target topic, in this transaction, with its
-    /// `succeeded` event; or, when the target is missing or refuses it, the run's dead letter
-    /// and `dead` event. Either way the run is over when the transaction commits.
-    fn deliver(&mut self, state: &TimerState, run: &Run, now: i64) -> Result<()> {
-        let topic = run.handler.target.as_str();
-        let refused = match self.dead_targets.get(&run.job_id) {
-            Some(reason) => Some(reason.clone()),
-            None => match self.targets.lookup(self.producer.client(), topic)? {
-                Target::Refused(reason) => Some(reason),
-                Target::Writable => {
-                    let record = BaseRecord::to(topic)
-                        .key(run.job_id.as_bytes())
-                        .payload(&run.handler.payload)
-                        .headers(deliver::headers(run));
-                    match self.producer.send(record) {
-                        Ok(()) => None,
-                        Err((KafkaError::MessageProduction(code), _))
-                            if deliver::refuses_target(code) =>
-                        {
-                            let reason =
-                                format!("target topic {topic:?} refused the record: {code}");
-                            self.targets.refused(topic, reason.clone());
-                            Some(reason)
-                        }
-                        Err((e, _)) => return Err(e.into()),
-                    }
-                }
-            },
-        };
-        let kind = if refused.is_some() {
-            RunEventKind::Dead
-        } else {
-            RunEventKind::Succeeded
-        };
-        let mut event = lane::event(
-            &state.definition,
-            run.scheduled_ms,
-            run.attempt,
-            kind,
-            now,
-            &self.node_id,
-        );
-        if let Some(error) = refused {
-            warn!(job = %run.job_id, run = %run.run_id, error = %error, "run sent to dead");
-            metrics::counter!("tocsin_runs_dead_total", "reason" => "target").increment(1);
-            let dead = DeadLetter {
-                run: run.clone(),
-                error: error.clone(),
-                attempts: run.attempt,
-                at_ms: now,
-            };
-            let bytes = history::encode_dead(self.config.topics.serialization.dead, &dead);
-            let record = BaseRecord::to(&self.topics.dead)
-                .key(run.run_id.as_bytes())
-                .payload(&bytes);
-            self.producer.send(record).map_err(|(e, _)| e)?;
-            event.error = Some(error);
-        } else {
-            metrics::counter!("tocsin_runs_delivered_total").increment(1);
-        }
-        let known = Known {
-            fired_ms: Some(run.fire_ms),
-            ..Known::default()
-        };
-        self.produce_event(&event, &known)
-    }
-
-    fn produce_event(&mut self, event: &RunEvent, known: &Known) -> Result<()> {
-        let bytes = history::encode_event(
-            self.config.topics.serialization.runs,
-            event,
-            Reporter::Scheduler,
-            known,
-        );
-        let record = BaseRecord::to(&self.topics.runs)
-            .key(event.run_id.as_bytes())
-            .payload(&bytes);
-        self.producer.send(record).map_err(|(e, _)| e)?;
-        Ok(())
+        self.output.rejected(
+            &self.producer,
+            m.key().unwrap_or_default(),
+            m.payload(),
+            &reason,
+            &source,
+        )
     }
 }
 

@@ -9,6 +9,7 @@
 mod deliver;
 mod engine;
 mod ingest;
+mod output;
 mod producer;
 mod restore;
 
