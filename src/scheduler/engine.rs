@@ -20,7 +20,6 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::fair::interleave_by_tenant;
 use super::fire::{self, FireLimits};
 use super::ingest::{self, ControlChange, JobChange, Lanes, Schedules};
 use super::lane::h;
@@ -29,6 +28,7 @@ use super::output::{FiredFrom, Output};
 use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::{FiredThrough, Progress};
 use super::restore::{Mark, Replay, SEQ_HEADER};
+use super::scan::{self, SCAN_LIMIT};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::takeover::{Fencer, Fetched, Held, OffsetFetch, Trigger};
 use super::SchedulerError;
@@ -53,14 +53,6 @@ const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
 const FETCH_HELD_AFTER: Duration = Duration::from_millis(300);
 /// How soon a committed-offset fetch that failed is tried again.
 const FETCH_RETRY_AFTER: Duration = Duration::from_millis(500);
-/// Most due entries gathered in one scan of the bucket index. Fairness across tenants holds
-/// within one scan: the index is ordered by instant and job id, not tenant, so a herd larger
-/// than this is taken in slices, and a small tenant's runs in a later slice wait for it. At
-/// about 100 bytes an entry, a million is 100 MB for the moment of a herd that size.
-const SCAN_LIMIT: usize = 1_000_000;
-/// Scans of one tick: a partition with more due than its share of `SCAN_LIMIT` is scanned
-/// again until nothing due is left, at most this often.
-const SCAN_ROUNDS: usize = 64;
 /// Transactions a job's records may fail, refused by the broker for what they are, before the
 /// job is set aside in `jobs.rejected`. Two, so one odd refusal is retried.
 const QUARANTINE_AFTER: u32 = 2;
@@ -813,54 +805,30 @@ impl Engine {
             telemetry::due_scanned(0);
             return Ok(());
         }
-        // A partition whose scan stopped at its share of the limit is scanned again in the
-        // same tick, until nothing due is left (or `SCAN_ROUNDS`: a timer that cannot move
-        // on, such as one whose stored schedule no longer parses, must not hold the tick).
-        let mut scan = active;
-        for round in 0..SCAN_ROUNDS {
-            let scanned = Instant::now();
-            let mut due = Vec::new();
-            let per_partition = (SCAN_LIMIT / scan.len()).max(1_000);
-            let mut truncated = Vec::new();
-            for p in &scan {
-                let before = due.len();
-                self.store.due(*p as u16, now, per_partition, &mut due)?;
-                if due.len() - before >= per_partition {
-                    truncated.push(*p);
-                }
-            }
-            if round == 0 {
-                telemetry::due_scanned(due.len());
-            }
-            if due.is_empty() {
-                return Ok(());
-            }
+        let store = self.store.clone();
+        let chunk = self.config.scheduler.max_runs_per_transaction;
+        let first = scan::tick::<SchedulerError>(&store, active, now, SCAN_LIMIT, |round| {
             debug!(
-                due = due.len(),
-                truncated = truncated.len(),
-                scan_ms = scanned.elapsed().as_millis() as u64,
+                round = round.number,
+                due = round.due.len(),
+                truncated = round.truncated.len(),
                 "due scanned"
             );
-            let ordered = interleave_by_tenant(due);
-            for chunk in ordered.chunks(self.config.scheduler.max_runs_per_transaction) {
-                self.transact(Vec::new(), chunk)?;
+            for due in round.due.chunks(chunk) {
+                self.transact(Vec::new(), due)?;
                 // Keep serving the group between chunks of a herd.
                 let more = self.poll_group(Duration::ZERO)?;
                 if !more.is_empty() {
                     self.transact(more, &[])?;
                 }
             }
-            if truncated.is_empty() {
-                return Ok(());
-            }
-            scan = truncated
+            Ok(round
+                .truncated
                 .into_iter()
                 .filter(|p| self.parts.get(p).is_some_and(|l| l.is_active()))
-                .collect();
-            if scan.is_empty() {
-                return Ok(());
-            }
-        }
+                .collect())
+        })?;
+        telemetry::due_scanned(first);
         Ok(())
     }
 

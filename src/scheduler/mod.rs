@@ -12,6 +12,7 @@ mod ingest;
 mod output;
 mod producer;
 mod restore;
+mod scan;
 
 pub use deliver::{look_up as look_up_target, Target};
 pub use ingest::other_tenants_job;

@@ -474,20 +474,13 @@ pub fn encode_timer(state: &TimerState) -> Vec<u8> {
     codec::encode(state, &Framing::SingleObject)
 }
 
+/// Timers for the tests of the store and of what scans it.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod testing {
+    use crate::model::records::TimerState;
 
-    #[test]
-    fn instant_keys_sort_like_instants() {
-        let xs = [i64::MIN, -5_000, -1, 0, 1, 999, 1_700_000_000_000, i64::MAX];
-        for w in xs.windows(2) {
-            assert!(instant_key(w[0]) < instant_key(w[1]), "{} < {}", w[0], w[1]);
-            assert_eq!(instant_from_key(&instant_key(w[0])), w[0]);
-        }
-    }
-
-    fn timer(job: &str, wake: i64) -> TimerState {
+    /// A timer of `tenant`'s job `job` (every second) whose next fire is `wake`.
+    pub fn timer(job: &str, tenant: &str, wake: i64) -> TimerState {
         use crate::model::job::{HandlerKind, HandlerSpec, JobDefinition, ScheduleSpec};
         let handler = HandlerSpec {
             kind: HandlerKind::Kafka,
@@ -502,7 +495,7 @@ mod tests {
             anchor_ms: 0,
         };
         TimerState {
-            definition: JobDefinition::new(job, "t", every, handler),
+            definition: JobDefinition::new(job, tenant, every, handler),
             next_fire_ms: Some(wake),
             fires: 0,
             last_scheduled_ms: None,
@@ -511,10 +504,25 @@ mod tests {
             pending: Vec::new(),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::timer;
+    use super::*;
+
+    #[test]
+    fn instant_keys_sort_like_instants() {
+        let xs = [i64::MIN, -5_000, -1, 0, 1, 999, 1_700_000_000_000, i64::MAX];
+        for w in xs.windows(2) {
+            assert!(instant_key(w[0]) < instant_key(w[1]), "{} < {}", w[0], w[1]);
+            assert_eq!(instant_from_key(&instant_key(w[0])), w[0]);
+        }
+    }
 
     fn move_timer(store: &Store, job: &str, from: Option<i64>, to: i64) {
         let mut b = store.batch();
-        let t = timer(job, to);
+        let t = timer(job, "t", to);
         b.put_timer(store, 3, &t, &encode_timer(&t), 0, from, Some(to));
         store.write(b).unwrap();
     }
@@ -564,7 +572,7 @@ mod tests {
         let mut b = store.batch();
         for p in 0..4u16 {
             for i in 0..100 {
-                let t = timer(&format!("j{p}-{i}"), 1_000);
+                let t = timer(&format!("j{p}-{i}"), "t", 1_000);
                 b.put_timer(&store, p, &t, &encode_timer(&t), 0, None, Some(1_000));
             }
         }
@@ -595,7 +603,7 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let mut b = store.batch();
         for (job, wake, seq) in [("a", 1_000, 4), ("b", 2_000, 9), ("c", 3_000, 2)] {
-            let t = timer(job, wake);
+            let t = timer(job, "t", wake);
             b.put_timer(&store, 3, &t, &encode_timer(&t), seq, None, Some(wake));
         }
         store.write(b).unwrap();
