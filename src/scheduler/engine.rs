@@ -3,18 +3,18 @@
 //! ever open while the consumer is polled (rebalance callbacks run inside poll, so a partition
 //! is only ever given back between transactions).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 // Seeded per process, so a tenant cannot choose job ids that collide (unlike FxHash), and
 // several times cheaper than SipHash on the firing path's lookups.
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -22,15 +22,15 @@ use tracing::{debug, error, info, warn};
 
 use super::fire::{self, FireLimits};
 use super::ingest::{self, ControlChange, JobChange, Lanes, Schedules};
-use super::lane::h;
 use super::lifecycle::{Action, Event, Lifecycle};
 use super::output::{FiredFrom, Output};
 use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
-use super::progress::{FiredThrough, Progress};
-use super::restore::{Mark, Replay, SEQ_HEADER};
+use super::progress::Progress;
+use super::restore::{Mark, Replay};
 use super::scan::{self, SCAN_LIMIT};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::takeover::{Fencer, Fetched, Held, OffsetFetch, Trigger};
+use super::txn::Txn;
 use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::Config;
@@ -38,7 +38,7 @@ use crate::kafka::admin::{Admin, AdminError};
 use crate::model::records::TimerState;
 use crate::model::validate::Limits;
 use crate::node::{NodeStatus, NowFn, IDLE_READY_AFTER};
-use crate::telemetry::{self, AbortReason, LagTally, Rejection};
+use crate::telemetry::{self, AbortReason, Rejection};
 
 type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
@@ -151,62 +151,6 @@ pub struct Engine {
     /// Per owned `jobs` partition, its firing progress as of the last committed transaction
     /// (`progress`); committed with every offset of the partition.
     progress: HashMap<i32, Progress>,
-}
-
-/// Changes of one transaction, applied to RocksDB only after it commits.
-struct Txn {
-    batch: super::store::Batch,
-    /// Timers this transaction changed, by (partition, job). Written to `timers` and the
-    /// store once each, by `flush`, at the end of the transaction.
-    changed: HashMap<(i32, String), Change>,
-    positions: BTreeMap<(String, i32), i64>,
-    fired_partitions: BTreeSet<i32>,
-    /// Per partition changed, its progress once this transaction commits (set by `flush`).
-    progress: BTreeMap<i32, Progress>,
-    runs: u64,
-    /// The fired runs' lags at the transaction's start, for the fire-lag histogram.
-    lags: LagTally,
-    /// Timer states written to `timers` (the rest of `changed` the progress records).
-    timers_sent: usize,
-}
-
-/// One timer a transaction changed.
-struct Change {
-    /// As it stands (`None`: deleted).
-    state: Option<TimerState>,
-    /// Its wake instant in the store before this transaction.
-    stored_wake: Option<i64>,
-    /// Changed only by plain fires (`fire::fired_plainly`): not written to `timers` when
-    /// the partition's progress records them.
-    plain: bool,
-}
-
-impl Txn {
-    /// Records the new state of a timer (`None`: deleted) that stood at `old_wake`.
-    fn change(
-        &mut self,
-        p: i32,
-        job: &str,
-        state: Option<TimerState>,
-        old_wake: Option<i64>,
-        plain: bool,
-    ) {
-        use std::collections::hash_map::Entry;
-        match self.changed.entry((p, job.to_owned())) {
-            Entry::Occupied(mut e) => {
-                let c = e.get_mut();
-                c.state = state;
-                c.plain &= plain;
-            }
-            Entry::Vacant(e) => {
-                e.insert(Change {
-                    state,
-                    stored_wake: old_wake,
-                    plain,
-                });
-            }
-        }
-    }
 }
 
 impl Engine {
@@ -838,16 +782,7 @@ impl Engine {
         let now = (self.now)();
         let started = Instant::now();
         self.producer.begin()?;
-        let mut txn = Txn {
-            batch: self.store.batch(),
-            changed: HashMap::new(),
-            positions: BTreeMap::new(),
-            fired_partitions: BTreeSet::new(),
-            progress: BTreeMap::new(),
-            runs: 0,
-            lags: LagTally::default(),
-            timers_sent: 0,
-        };
+        let mut txn = Txn::new(self.store.batch());
         let filled = self
             .fill(&mut txn, &records, due, now)
             .and_then(|()| self.flush(&mut txn, now));
@@ -933,7 +868,7 @@ impl Engine {
                         debug!(topic = %topic, partition = p, error = %e, "seek after abort failed");
                     }
                 }
-                for (_, job) in txn.changed.keys() {
+                for job in txn.changed_jobs() {
                     self.schedules.forget(job);
                 }
                 Err(e)
@@ -972,82 +907,11 @@ impl Engine {
         Ok(tpl)
     }
 
-    /// Writes the timers the transaction changed, once each, to the store's batch and, unless
-    /// they were only fired plainly in a partition whose progress now records the fire, to
-    /// `timers` (see `progress`); sets each changed partition's progress.
+    /// Settles the progress of each partition the transaction changed, then writes the
+    /// timers it changed (`Txn::settle`, `Txn::write_timers`).
     fn flush(&mut self, txn: &mut Txn, now: i64) -> Result<()> {
-        // Per partition: the jobs changed, and whether all of them wake later than `now`.
-        let mut by_partition: BTreeMap<i32, (HashSet<&str>, bool)> = txn
-            .fired_partitions
-            .iter()
-            .map(|p| (*p, (HashSet::new(), true)))
-            .collect();
-        for ((p, job), c) in &txn.changed {
-            let (jobs, later) = by_partition.entry(*p).or_insert((HashSet::new(), true));
-            jobs.insert(job.as_str());
-            *later &= c
-                .state
-                .as_ref()
-                .and_then(fire::wake_at)
-                .is_none_or(|w| w > now);
-        }
-        for (p, (jobs, changed_later)) in &by_partition {
-            let old = self.progress.get(p).copied().unwrap_or_default();
-            let seq = old.seq + 1;
-            // It records `fired` when every timer of `p` wakes later than `now` once this
-            // commits: those it changes, and the first of the others in the index.
-            let fired = *changed_later
-                && old.fired.is_none_or(|f| f.through_ms <= now)
-                && self
-                    .store
-                    .first_wake(*p as u16, |job| jobs.contains(job))?
-                    .is_none_or(|w| w > now);
-            let fired = if fired {
-                Some(FiredThrough {
-                    through_ms: now,
-                    seq,
-                })
-            } else {
-                old.fired
-            };
-            txn.progress.insert(*p, Progress { seq, fired });
-        }
-        // In key order: RocksDB inserts a batch into its memtables in the batch's order, and a
-        // skip-list insert next to the previous one is cheap, where a random one searches the
-        // whole list (the fair order scatters a herd over every partition).
-        let mut changed: Vec<_> = txn.changed.iter().collect();
-        changed.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for ((p, job), c) in changed {
-            let progress = txn.progress[p];
-            let Some(state) = &c.state else {
-                txn.batch
-                    .delete_timer(&self.store, *p as u16, job, c.stored_wake);
-                continue;
-            };
-            let bytes = encode_timer(state);
-            let recorded = c.plain && progress.fired.is_some_and(|f| f.seq == progress.seq);
-            if !recorded {
-                let seq = progress.seq.to_string();
-                let record = BaseRecord::to(&self.topics.timers)
-                    .partition(*p)
-                    .key(job.as_bytes())
-                    .payload(&bytes)
-                    .headers(OwnedHeaders::new().insert(h(SEQ_HEADER, seq.as_bytes())));
-                self.producer.send(record).map_err(|(e, _)| e)?;
-                txn.timers_sent += 1;
-            }
-            let wake = fire::wake_at(state);
-            txn.batch.put_timer(
-                &self.store,
-                *p as u16,
-                state,
-                &bytes,
-                progress.seq,
-                c.stored_wake,
-                wake,
-            );
-        }
-        Ok(())
+        txn.settle(&self.store, &self.progress, now)?;
+        txn.write_timers(&self.store, &self.producer, &self.topics.timers)
     }
 
     fn fill(
@@ -1210,10 +1074,7 @@ impl Engine {
     }
 
     fn load(&self, txn: &Txn, p: i32, job: &str) -> Result<Option<TimerState>> {
-        if let Some(c) = txn.changed.get(&(p, job.to_owned())) {
-            return Ok(c.state.clone());
-        }
-        Ok(self.store.timer(p as u16, job)?)
+        Ok(txn.load(&self.store, p, job)?)
     }
 
     fn ingest(&mut self, txn: &mut Txn, m: &OwnedMessage, now: i64) -> Result<()> {

@@ -13,6 +13,7 @@ mod output;
 mod producer;
 mod restore;
 mod scan;
+mod txn;
 
 pub use deliver::{look_up as look_up_target, Target};
 pub use ingest::other_tenants_job;
