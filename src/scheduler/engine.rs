@@ -487,7 +487,7 @@ impl Engine {
             Fetched::Waiting { since } => {
                 if since.elapsed() >= FETCH_HELD_AFTER {
                     let held: Vec<i32> = (self.fetch.in_flight().into_iter().flatten())
-                        .filter(|(p, token)| self.restoring(*p, token))
+                        .filter(|(p, token)| Self::restoring(&self.parts, *p, token))
                         .map(|(p, _)| *p)
                         .collect();
                     let held = self.held(&held);
@@ -533,9 +533,9 @@ impl Engine {
         self.fetch.start(fetch, want);
     }
 
-    /// Whether `p` is restoring under the assignment `token` still.
-    fn restoring(&self, p: i32, token: &str) -> bool {
-        (self.parts.get(&p)).is_some_and(|part| part.restoring_token() == Some(token))
+    /// Whether `p` is restoring under the assignment `token` still, in `parts`.
+    fn restoring(parts: &BTreeMap<i32, Lifecycle<OwnedMessage>>, p: i32, token: &str) -> bool {
+        (parts.get(&p)).is_some_and(|part| part.restoring_token() == Some(token))
     }
 
     /// Applies fetched committed offsets, and the replay marks listed right after them, to the
@@ -547,16 +547,13 @@ impl Engine {
         (committed, marks): &FetchAnswer,
         took: Duration,
     ) {
-        let current: Vec<i32> = (of.iter())
-            .filter(|(p, token)| self.restoring(*p, token))
-            .map(|(p, _)| *p)
-            .collect();
-        let current: HashSet<i32> = (current.into_iter())
-            .filter(|p| {
-                marks
-                    .get(p)
-                    .is_some_and(|(first, high)| self.replay.mark(*p, *first, *high))
+        let (parts, replay) = (&self.parts, &mut self.replay);
+        let current: HashSet<i32> = (of.iter())
+            .filter(|(p, token)| Self::restoring(parts, *p, token))
+            .filter(|(p, _)| {
+                (marks.get(p)).is_some_and(|(first, high)| replay.mark(*p, *first, *high))
             })
+            .map(|(p, _)| *p)
             .collect();
         for e in committed.elements() {
             if !current.contains(&e.partition()) {
@@ -745,10 +742,6 @@ impl Engine {
             .filter(|(_, ph)| ph.is_active())
             .map(|(p, _)| *p)
             .collect();
-        if active.is_empty() {
-            telemetry::due_scanned(0);
-            return Ok(());
-        }
         let store = self.store.clone();
         let chunk = self.config.scheduler.max_runs_per_transaction;
         let first = scan::tick::<SchedulerError>(&store, active, now, SCAN_LIMIT, |round| {
@@ -756,6 +749,7 @@ impl Engine {
                 round = round.number,
                 due = round.due.len(),
                 truncated = round.truncated.len(),
+                scan_ms = round.took.as_millis() as u64,
                 "due scanned"
             );
             for due in round.due.chunks(chunk) {

@@ -52,8 +52,8 @@ pub enum Event<'a, M> {
     Marked { at_ms: i64 },
     /// The replay has read the partition up to its mark.
     CaughtUp,
-    /// The replay read a barrier record written by `owner` (versions before the mark wrote
-    /// them to restore; they still name a previous owner).
+    /// The replay read a barrier record written by `owner` (earlier builds wrote them to
+    /// restore; they still name a previous owner).
     BarrierRead { owner: &'a str },
     /// A record of the partition's `jobs` or `control` was consumed.
     Record(M),

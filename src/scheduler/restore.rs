@@ -71,49 +71,54 @@ impl Marker {
     /// ListOffsets request for the high watermarks, and one more for the first offsets only if
     /// any is wanted. A partition the broker answered with an error is left out.
     pub fn list(&self, partitions: &[(i32, bool)]) -> Result<HashMap<i32, Mark>, KafkaError> {
-        let ask = |at: Offset, which: &mut dyn Iterator<Item = i32>| {
-            let mut tpl = TopicPartitionList::new();
-            for p in which {
-                tpl.add_partition_offset(&self.timers, p, at)?;
-            }
-            let answer = self.ends.offsets_for_times(tpl, Duration::from_secs(10))?;
-            Ok::<_, KafkaError>(
-                (answer.elements_for_topic(&self.timers).iter())
-                    .filter(|e| e.error().is_ok())
-                    .filter_map(|e| Some((e.partition(), e.offset().to_raw().filter(|o| *o >= 0)?)))
-                    .collect::<HashMap<i32, i64>>(),
-            )
-        };
         if partitions.is_empty() {
             return Ok(HashMap::new());
         }
-        let high = ask(Offset::End, &mut partitions.iter().map(|(p, _)| *p))?;
+        let all: Vec<i32> = partitions.iter().map(|(p, _)| *p).collect();
+        let high = list_offsets(&self.ends, &self.timers, &all, Offset::End)?;
         let wanted: Vec<i32> = (partitions.iter())
             .filter(|(p, first)| *first && high.contains_key(p))
             .map(|(p, _)| *p)
             .collect();
-        let first = if wanted.is_empty() {
-            HashMap::new()
-        } else {
-            ask(Offset::Beginning, &mut wanted.iter().copied())?
+        let first = match wanted.is_empty() {
+            true => HashMap::new(),
+            false => list_offsets(&self.ends, &self.timers, &wanted, Offset::Beginning)?,
         };
         Ok((partitions.iter())
             .filter_map(|(p, want_first)| {
-                let h = *high.get(p)?;
-                match want_first {
-                    true => Some((*p, (Some(*first.get(p)?), h))),
-                    false => Some((*p, (None, h))),
-                }
+                let first = match want_first {
+                    true => Some(*first.get(p)?),
+                    false => None,
+                };
+                Some((*p, (first, *high.get(p)?)))
             })
             .collect())
     }
 }
 
+/// The offset `client` lists at `at` (`Offset::Beginning`, `Offset::End`) for each of
+/// `partitions` of `topic`, in one request; a partition answered with an error is left out.
+fn list_offsets(
+    client: &NodeConsumer,
+    topic: &str,
+    partitions: &[i32],
+    at: Offset,
+) -> Result<HashMap<i32, i64>, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition_offset(topic, *p, at)?;
+    }
+    let answer = client.offsets_for_times(tpl, Duration::from_secs(10))?;
+    Ok((answer.elements_for_topic(topic).iter())
+        .filter(|e| e.error().is_ok())
+        .filter_map(|e| Some((e.partition(), e.offset().to_raw().filter(|o| *o >= 0)?)))
+        .collect())
+}
+
 /// The restore consumer of `timers`.
 pub struct Replay {
     consumer: NodeConsumer,
-    /// The client of the marks (`Marker`).
-    ends: Arc<NodeConsumer>,
+    marker: Marker,
     timers: String,
     /// Each partition replaying: where it started, and its mark once taken.
     replaying: HashMap<i32, Replaying>,
@@ -144,7 +149,10 @@ impl Replay {
         ec.set("isolation.level", "read_uncommitted");
         Ok(Replay {
             consumer: rc.create_with_context(NodeContext)?,
-            ends: Arc::new(ec.create_with_context(NodeContext)?),
+            marker: Marker {
+                ends: Arc::new(ec.create_with_context(NodeContext)?),
+                timers: timers.to_owned(),
+            },
             timers: timers.to_owned(),
             replaying: HashMap::new(),
         })
@@ -186,16 +194,29 @@ impl Replay {
     /// partitions (a zombie's return, a restart) would otherwise spend seconds on them before
     /// restoring any. A partition whose offsets could not be had is left out.
     pub fn bounds(&self, partitions: &[i32]) -> HashMap<i32, (i64, i64)> {
+        if partitions.is_empty() {
+            return HashMap::new();
+        }
         // For a `read_committed` client "latest" is the last stable offset.
-        self.list(&self.consumer, partitions)
+        let listed = list_offsets(&self.consumer, &self.timers, partitions, Offset::Beginning)
+            .and_then(|low| {
+                let high = list_offsets(&self.consumer, &self.timers, partitions, Offset::End)?;
+                Ok((low, high))
+            });
+        match listed {
+            Ok((low, high)) => (low.into_iter())
+                .filter_map(|(p, l)| Some((p, (l, *high.get(&p)?))))
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, partitions = partitions.len(), "could not list the timers offsets; restoring from the beginning");
+                HashMap::new()
+            }
+        }
     }
 
     /// What lists the marks, on the offset fetch's thread.
     pub fn marker(&self) -> Marker {
-        Marker {
-            ends: self.ends.clone(),
-            timers: self.timers.clone(),
-        }
+        self.marker.clone()
     }
 
     /// Whether the replay of `p` starts at the partition's first offset, which its mark must
@@ -216,43 +237,6 @@ impl Replay {
         };
         r.mark = Some((start, high));
         true
-    }
-
-    /// The first and the last offset `client` lists for each of `partitions`.
-    fn list(&self, client: &NodeConsumer, partitions: &[i32]) -> HashMap<i32, (i64, i64)> {
-        if partitions.is_empty() {
-            return HashMap::new();
-        }
-        let ask = |at: Offset| -> Option<TopicPartitionList> {
-            let mut tpl = TopicPartitionList::new();
-            for p in partitions {
-                tpl.add_partition_offset(&self.timers, *p, at).ok()?;
-            }
-            match client.offsets_for_times(tpl, Duration::from_secs(10)) {
-                Ok(answer) => Some(answer),
-                Err(e) => {
-                    warn!(error = %e, partitions = partitions.len(), "could not list the timers offsets; restoring from the beginning");
-                    None
-                }
-            }
-        };
-        let (Some(low), Some(high)) = (ask(Offset::Beginning), ask(Offset::End)) else {
-            return HashMap::new();
-        };
-        (low.elements_for_topic(&self.timers).iter())
-            .filter_map(|e| {
-                let l = e
-                    .offset()
-                    .to_raw()
-                    .filter(|o| *o >= 0 && e.error().is_ok())?;
-                let h = (high.find_partition(&self.timers, e.partition()))
-                    .filter(|h| h.error().is_ok())?
-                    .offset()
-                    .to_raw()
-                    .filter(|o| *o >= 0)?;
-                Some((e.partition(), (l, h)))
-            })
-            .collect()
     }
 
     /// One step of the replay (at most `STEP_RECORDS`, or `STEP_TIME`): applies the `timers`

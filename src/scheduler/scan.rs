@@ -3,6 +3,8 @@
 //! left. A partition with more due than its share of a round is scanned again in the same
 //! tick, so a herd on one partition drains within the tick, not one slice a tick.
 
+use std::time::{Duration, Instant};
+
 use super::fair::interleave_by_tenant;
 use super::store::{DueEntry, Store, StoreError};
 
@@ -27,6 +29,8 @@ pub struct Round {
     pub due: Vec<DueEntry>,
     /// The partitions whose scan stopped at their share: more may be due there.
     pub truncated: Vec<i32>,
+    /// How long the scan took.
+    pub took: Duration,
 }
 
 /// Scans `partitions` for what is due at `now`, `limit` entries a round at most (each
@@ -46,6 +50,7 @@ pub fn tick<E: From<StoreError>>(
         if scan.is_empty() {
             break;
         }
+        let started = Instant::now();
         let share = (limit / scan.len()).max(MIN_SHARE);
         let mut due = Vec::new();
         let mut truncated = Vec::new();
@@ -67,6 +72,7 @@ pub fn tick<E: From<StoreError>>(
             number,
             due,
             truncated,
+            took: started.elapsed(),
         })?;
     }
     Ok(first)
@@ -78,16 +84,15 @@ mod tests {
 
     use super::*;
     use crate::scheduler::store::encode_timer;
-    use crate::scheduler::store::testing::timer;
+    use crate::scheduler::store::testing::{self, timer};
 
     /// `n` timers of `tenant` in partition `p`, due at `wake`.
     fn put(store: &Store, p: u16, tenant: &str, n: usize, wake: i64) {
-        let mut b = store.batch();
-        for i in 0..n {
-            let t = timer(&format!("{tenant}-{p}-{i}"), tenant, wake);
-            b.put_timer(store, p, &t, &encode_timer(&t), 0, None, Some(wake));
-        }
-        store.write(b).unwrap();
+        testing::put(
+            store,
+            p,
+            (0..n).map(|i| timer(&format!("{tenant}-{p}-{i}"), tenant, wake)),
+        );
     }
 
     /// Fires a round as the engine does: each entry's timer moves on to `later`.
@@ -110,8 +115,7 @@ mod tests {
 
     #[test]
     fn a_partition_past_its_share_drains_in_the_same_tick() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         put(&store, 0, "big", 2_500, 1_000);
         put(&store, 1, "small", 10, 1_000);
         let mut fired: BTreeMap<String, usize> = BTreeMap::new();
@@ -139,8 +143,7 @@ mod tests {
 
     #[test]
     fn the_first_round_holds_every_tenant_in_turn() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         put(&store, 0, "big", 900, 1_000);
         put(&store, 1, "small", 3, 1_000);
         let mut first_tenants = Vec::new();
@@ -159,8 +162,7 @@ mod tests {
 
     #[test]
     fn a_timer_that_never_moves_holds_the_tick_for_a_bounded_number_of_rounds() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         put(&store, 0, "stuck", 1_000, 1_000);
         let mut rounds = 0;
         tick::<StoreError>(&store, vec![0], 1_000, 1_000, |round| {
@@ -174,8 +176,7 @@ mod tests {
 
     #[test]
     fn a_partition_no_longer_active_is_not_scanned_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         put(&store, 0, "big", 1_500, 1_000);
         let mut rounds = 0;
         let first = tick::<StoreError>(&store, vec![0], 1_000, 1_000, |round| {
@@ -190,8 +191,7 @@ mod tests {
 
     #[test]
     fn nothing_due_fires_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         put(&store, 0, "later", 5, 9_000);
         let first = tick::<StoreError>(&store, vec![0], 1_000, SCAN_LIMIT, |_| {
             panic!("nothing is due")

@@ -474,10 +474,27 @@ pub fn encode_timer(state: &TimerState) -> Vec<u8> {
     codec::encode(state, &Framing::SingleObject)
 }
 
-/// Timers for the tests of the store and of what scans it.
+/// Stores and timers for the tests of the store and of what reads it.
 #[cfg(test)]
 pub(crate) mod testing {
+    use super::{encode_timer, Store};
     use crate::model::records::TimerState;
+
+    /// A fresh store in a directory of its own (kept while the `TempDir` lives).
+    pub fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    /// Stores `timers` in partition `p` (none stored before), in one batch.
+    pub fn put(store: &Store, p: u16, timers: impl IntoIterator<Item = TimerState>) {
+        let mut b = store.batch();
+        for t in timers {
+            b.put_timer(store, p, &t, &encode_timer(&t), 0, None, t.next_fire_ms);
+        }
+        store.write(b).unwrap();
+    }
 
     /// A timer of `tenant`'s job `job` (every second) whose next fire is `wake`.
     pub fn timer(job: &str, tenant: &str, wake: i64) -> TimerState {

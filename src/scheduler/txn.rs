@@ -198,13 +198,10 @@ fn recorded(plain: bool, progress: Progress) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::store::testing::timer;
+    use crate::scheduler::store::testing::{self, timer};
 
     fn stored(store: &Store, p: u16, job: &str, wake: i64) {
-        let mut b = store.batch();
-        let t = timer(job, "t", wake);
-        b.put_timer(store, p, &t, &encode_timer(&t), 0, None, Some(wake));
-        store.write(b).unwrap();
+        testing::put(store, p, [timer(job, "t", wake)]);
     }
 
     fn committed(p: i32, seq: u64, through: Option<i64>) -> HashMap<i32, Progress> {
@@ -216,8 +213,7 @@ mod tests {
 
     #[test]
     fn a_partition_whose_timers_all_wake_later_records_fired_through_now() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         stored(&store, 3, "a", 1_000);
         stored(&store, 3, "b", 9_000);
         let mut txn = Txn::new(store.batch());
@@ -236,8 +232,7 @@ mod tests {
 
     #[test]
     fn a_timer_still_due_keeps_the_old_progress_and_every_change_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         stored(&store, 3, "a", 1_000);
         stored(&store, 3, "b", 1_000);
         let mut txn = Txn::new(store.batch());
@@ -261,8 +256,7 @@ mod tests {
 
     #[test]
     fn a_changed_timer_due_again_keeps_the_old_progress() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         stored(&store, 3, "a", 1_000);
         let mut txn = Txn::new(store.batch());
         // A retry of "a" is due at once: the partition is not fired through.
@@ -279,8 +273,7 @@ mod tests {
 
     #[test]
     fn a_timer_changed_twice_is_one_change_and_plain_only_if_both_were() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let (_dir, store) = testing::store();
         stored(&store, 3, "a", 1_000);
         let mut txn = Txn::new(store.batch());
         txn.change(3, "a", Some(timer("a", "t", 2_000)), Some(1_000), true);
