@@ -31,6 +31,22 @@ pub struct Obs {
     /// The record's timestamp: its broker append time on a `LogAppendTime` topic (the delay
     /// target), the producer's create time on a lane.
     pub timestamp_ms: i64,
+    /// The instant before which the run may not start (a lane record's
+    /// `tocsin-not-before-ms`; its scheduled instant where the record has none).
+    pub not_before_ms: i64,
+}
+
+impl Obs {
+    /// From the run's instant to when it was both visible and allowed to start: a run fired
+    /// ahead (the scheduler's lookahead) and seen before its not-before instant is not late.
+    pub fn ready_lag_ms(&self) -> i64 {
+        self.seen_ms.max(self.not_before_ms) - self.scheduled_ms
+    }
+
+    /// From the run's instant to its visibility: negative when it was in the lane ahead.
+    pub fn visible_ms(&self) -> i64 {
+        self.seen_ms - self.scheduled_ms
+    }
 }
 
 /// Turns a record read at `seen_ms` into the run it holds, or `None` when it is malformed.
@@ -202,7 +218,7 @@ impl Audit {
         runs.len()
     }
 
-    /// The worst lag (seen − scheduled) of the runs that came out of `poll` in the last
+    /// The worst lag (`Obs::ready_lag_ms`) of the runs that came out of `poll` in the last
     /// `within_ms`; `None` when there were none.
     pub fn recent_lag(&self, within_ms: i64) -> Option<i64> {
         let since = now_ms() - within_ms;
@@ -210,7 +226,7 @@ impl Audit {
         obs.iter()
             .rev()
             .take_while(|o| o.seen_ms >= since)
-            .map(|o| o.seen_ms - o.scheduled_ms)
+            .map(Obs::ready_lag_ms)
             .max()
     }
 
@@ -292,6 +308,9 @@ fn check(
         scheduled_ms: run.scheduled_ms,
         seen_ms,
         timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+        not_before_ms: header(m, tocsin::history::NOT_BEFORE_HEADER)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(run.scheduled_ms),
     })
 }
 
@@ -400,6 +419,7 @@ mod tests {
             scheduled_ms,
             seen_ms,
             timestamp_ms: 0,
+            not_before_ms: scheduled_ms,
         }
     }
 

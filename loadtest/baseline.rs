@@ -182,6 +182,7 @@ fn prepare(config: &Config, def: &JobDefinition, now: i64) -> Fire {
     };
     let fired = lane::Fired {
         fire_ms: now,
+        not_before_ms: instance.scheduled_ms,
         partition: 0,
         assignment_epoch: 1,
         node: "n1",

@@ -17,6 +17,7 @@ mod perf;
 mod report;
 mod scenarios;
 mod sink;
+mod starts;
 mod target;
 
 use std::path::PathBuf;
@@ -141,6 +142,15 @@ pub struct Args {
     /// `scheduler.tick_ms` of the nodes.
     #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.tick_ms)]
     pub tick_ms: u64,
+    /// `scheduler.lookahead_ms` of the nodes: how far ahead of their instant runs that a
+    /// worker executes are fired (0: at their instant).
+    #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.lookahead_ms)]
+    pub lookahead_ms: u64,
+    /// steady: run a worker in this process that executes every run (a handler that only
+    /// notes when it started), and report the lag from each run's instant to its handler's
+    /// start.
+    #[arg(long)]
+    pub worker: bool,
     /// `scheduler.transaction_timeout_ms` of the nodes: also how long a dead node's open
     /// transaction holds back every `read_committed` reader of the partitions it wrote.
     #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.transaction_timeout_ms)]

@@ -50,6 +50,7 @@ pub struct Settings {
     pub duration_s: Option<u64>,
     pub align: String,
     pub tick_ms: u64,
+    pub lookahead_ms: u64,
     pub max_runs_per_transaction: usize,
     pub transaction_timeout_ms: u64,
     pub payload_bytes: usize,
@@ -94,8 +95,14 @@ pub struct Report {
     pub physical_limit_per_s: Option<f64>,
     pub ratio_to_physical: Option<f64>,
     /// From the scheduled instant to visibility at a `read_committed` consumer (delay: of
-    /// the target's records).
+    /// the target's records), or to the run's not-before instant if later (a run fired ahead
+    /// by the scheduler's lookahead is not late when it is visible before its instant).
     pub lag_ms: Option<Lag>,
+    /// Lane scenarios: from the scheduled instant to visibility in the lane, negative when the
+    /// run was there ahead of its instant.
+    pub visible_ms: Option<Lag>,
+    /// steady `--worker`: from the scheduled instant to the handler's start in a worker.
+    pub start_lag_ms: Option<Lag>,
     /// Delay: from the due instant to each record's append time on the target (its broker
     /// `LogAppendTime` timestamp).
     pub append_lag_ms: Option<Lag>,
@@ -115,6 +122,9 @@ pub struct Report {
     pub malformed: u64,
     /// Herd, delay: from the due instant to the last run (record) visible.
     pub drain_s: Option<f64>,
+    /// Herd, delay: from the first run visible, or the due instant if later, to the last: the
+    /// time `fires_per_s` is over.
+    pub firing_s: Option<f64>,
     /// Herd, delay: per tenant, from the due instant to its last run visible.
     pub per_tenant_drain_s: BTreeMap<String, f64>,
     /// Failover, delay with a kill: the worst lag of a run (the takeover included).
@@ -181,6 +191,14 @@ impl Report {
             })
         };
         rows.push(("lag ms p50/p99/p99.9/max", lag(self.lag_ms)));
+        rows.push((
+            "lane visible ms p50/p99/p99.9/max (negative: ahead)",
+            lag(self.visible_ms),
+        ));
+        rows.push((
+            "handler start lag ms p50/p99/p99.9/max",
+            lag(self.start_lag_ms),
+        ));
         rows.push(("append lag ms p50/p99/p99.9/max", lag(self.append_lag_ms)));
         rows.push(("sink lag ms p50/p99/p99.9/max", lag(self.sink_lag_ms)));
         rows.push((

@@ -123,6 +123,7 @@ impl<'a> Ctx<'a> {
         // A group of its own, so its settings (`--session-timeout-ms`) touch no other fleet.
         config.scheduler.group_id = format!("{}scheduler", config.topic_prefix);
         config.scheduler.tick_ms = args.tick_ms;
+        config.scheduler.lookahead_ms = args.lookahead_ms;
         config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
         config.scheduler.data_dir = dir.join("data");
@@ -302,6 +303,7 @@ impl<'a> Ctx<'a> {
             duration_s: duration,
             align: format!("{:?}", a.align).to_lowercase(),
             tick_ms: self.config.scheduler.tick_ms,
+            lookahead_ms: self.config.scheduler.lookahead_ms,
             max_runs_per_transaction: self.config.scheduler.max_runs_per_transaction,
             transaction_timeout_ms: self.config.scheduler.transaction_timeout_ms,
             payload_bytes: a.payload_bytes,
@@ -526,21 +528,17 @@ fn stop_all(nodes: &mut [Node]) -> Result<()> {
 }
 
 /// Lag percentiles overall and p99 per tenant, from first sightings.
+/// Each run's lag (`Obs::ready_lag_ms`: from its instant to when it was in the lane and
+/// allowed to start), overall and p99 per tenant.
 fn lags(v: &Verdict, tenants: &[String]) -> (Option<Lag>, BTreeMap<String, i64>) {
-    let mut all: Vec<i64> = v
-        .firsts
-        .iter()
-        .map(|o| o.seen_ms - o.scheduled_ms)
-        .collect();
+    let mut all: Vec<i64> = v.firsts.iter().map(Obs::ready_lag_ms).collect();
     let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for o in &v.firsts {
         let name = tenants
             .get(o.tenant as usize)
             .cloned()
             .unwrap_or_else(|| format!("t{}", o.tenant));
-        per.entry(name)
-            .or_default()
-            .push(o.seen_ms - o.scheduled_ms);
+        per.entry(name).or_default().push(o.ready_lag_ms());
     }
     let per = per
         .into_iter()
@@ -568,7 +566,7 @@ fn lag_chart(
         if let Some(s) = series.get_mut(o.tenant as usize) {
             s.points.push((
                 (o.scheduled_ms - origin_ms) as f64 / 1000.0,
-                (o.seen_ms - o.scheduled_ms) as f64,
+                o.ready_lag_ms() as f64,
             ));
         }
     }
@@ -602,6 +600,8 @@ fn report(
         physical_limit_per_s: None,
         ratio_to_physical: None,
         lag_ms: lag,
+        visible_ms: Lag::of(&mut v.firsts.iter().map(Obs::visible_ms).collect::<Vec<_>>()),
+        start_lag_ms: None,
         append_lag_ms: None,
         per_tenant_lag_p99_ms: per_tenant,
         sink_lag_ms: None,
@@ -613,6 +613,7 @@ fn report(
         unexpected: v.unexpected,
         malformed,
         drain_s: None,
+        firing_s: None,
         per_tenant_drain_s: BTreeMap::new(),
         max_lateness_ms: None,
         max_rss_mb: None,
@@ -695,6 +696,10 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         ctx.baseline(rate * duration, jobs, &make)?.map(|b| b.per_s)
     };
     let audit = Audit::start(&ctx.config, &ctx.lanes())?;
+    let worker = match a.worker {
+        true => Some(crate::starts::Starts::start(&ctx.config)?),
+        false => None,
+    };
     let mut nodes = ctx.start_nodes(n_nodes)?;
     let (ingest, indexed_ms) = ctx.load(jobs, &make)?;
 
@@ -768,6 +773,16 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     // A zombie resumed late must have had time to try (and fail) to commit.
     let quiet = Duration::from_secs(if failover { 12 } else { 3 });
     wait_visible(&audit, want, from, to, limit, quiet)?;
+    let starts = match worker {
+        Some(w) => {
+            // The last runs are held until their instants, `to` at the latest.
+            std::thread::sleep(Duration::from_millis(
+                (to + 2_000 - now_ms()).clamp(0, 10_000) as u64,
+            ));
+            Some(w.finish()?)
+        }
+        None => None,
+    };
     let rss = peak_rss(&nodes);
     stop_all(&mut nodes)?;
     let holds = audit.holds();
@@ -790,6 +805,16 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     r.ingest_per_s = Some(ingest);
     if failover {
         r.max_lateness_ms = r.lag_ms.map(|l| l.max);
+    }
+    if let Some(starts) = &starts {
+        let mut lags = crate::starts::start_lags(starts, from, to);
+        if (lags.len() as u64) < want {
+            r.notes.push(format!(
+                "the worker started {} of the {want} runs of the window",
+                lags.len()
+            ));
+        }
+        r.start_lag_ms = Lag::of(&mut lags);
     }
     let title = if failover {
         format!(
@@ -961,17 +986,23 @@ fn share_series(name: String, mut lags: Vec<i64>) -> Series {
     Series { name, points }
 }
 
-/// `drain_s` (from `at` to the last first sighting), per tenant, and fires / `drain_s`.
+/// `drain_s` (from `at` to the last first sighting), per tenant, and the fires per second from
+/// the first sighting, or `at` if later, to the last: with a lookahead the node starts firing
+/// the herd before `at`, and that time counts in the rate.
 fn drains(r: &mut Report, v: &Verdict, at: i64, tenants: &[String]) {
     let last = v.firsts.iter().map(|o| o.seen_ms).max();
+    let first = v.firsts.iter().map(|o| o.seen_ms).min();
     r.drain_s = last.map(|l| (l - at) as f64 / 1000.0);
+    r.firing_s = last
+        .zip(first)
+        .map(|(l, f)| (l - f.min(at)) as f64 / 1000.0);
     for o in &v.firsts {
         let t = tenants[o.tenant as usize].clone();
         let d = (o.seen_ms - at) as f64 / 1000.0;
         let e = r.per_tenant_drain_s.entry(t).or_insert(d);
         *e = e.max(d);
     }
-    r.fires_per_s = r.drain_s.filter(|d| *d > 0.0).map(|d| v.fires as f64 / d);
+    r.fires_per_s = r.firing_s.filter(|d| *d > 0.0).map(|d| v.fires as f64 / d);
 }
 
 /// `delay`: `--jobs` delayed messages due at the same second, as their consumer sees them.

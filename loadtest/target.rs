@@ -131,5 +131,6 @@ fn check(m: &BorrowedMessage<'_>, expect: &Expect, seen_ms: i64) -> Option<Obs> 
         scheduled_ms,
         seen_ms,
         timestamp_ms: appended,
+        not_before_ms: scheduled_ms,
     })
 }

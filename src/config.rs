@@ -150,6 +150,13 @@ pub struct SchedulerConfig {
     /// Firing resolution; ticks align to multiples of it on the wall clock. Default 100 ms: a
     /// run is visible about a tick plus a transaction after its instant.
     pub tick_ms: u64,
+    /// How far ahead of their time runs that a worker executes are fired (not `kafka` jobs, nor
+    /// jobs whose overlap policy is `skip` or `buffer_one`):
+    /// into the lane, with a not-before instant that the worker holds them until, so the
+    /// commit's time costs no lateness. A change to a job (an update, a pause, a delete) takes
+    /// effect for the instants more than this after it is read; a run already fired ahead runs.
+    /// 0 fires every run at its time. Default 1000 ms.
+    pub lookahead_ms: u64,
     /// Runs per firing transaction; a larger herd is cut into several. A transaction's fixed
     /// cost grows with the partitions it touches (a commit marker on each). A transaction that
     /// leaves timers of a partition due (a herd cut into several) writes the timers it fires
@@ -200,6 +207,7 @@ impl Default for SchedulerConfig {
             node_id: None,
             data_dir: PathBuf::from("./tocsin-data"),
             tick_ms: 100,
+            lookahead_ms: 1_000,
             max_runs_per_transaction: 60_000,
             transaction_timeout_ms: 10_000,
             misfire_threshold_ms: 60_000,
@@ -376,6 +384,13 @@ impl Config {
                 "scheduler.tick_ms",
                 s.tick_ms,
                 "must divide 1000 (10, 20, 50, 100, 200, 250, 500) or be 1000..=60000",
+            ));
+        }
+        if s.lookahead_ms > 60_000 || s.lookahead_ms >= s.misfire_threshold_ms {
+            return Err(invalid(
+                "scheduler.lookahead_ms",
+                s.lookahead_ms,
+                "must be at most 60000 and less than scheduler.misfire_threshold_ms",
             ));
         }
         if s.max_runs_per_transaction == 0 {
@@ -628,6 +643,13 @@ mod tests {
         let msg = c.validate().unwrap_err().to_string();
         assert!(
             msg.contains("scheduler.tick_ms") && msg.contains("300"),
+            "{msg}"
+        );
+        let mut c = Config::default();
+        c.scheduler.lookahead_ms = 90_000;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("scheduler.lookahead_ms") && msg.contains("90000"),
             "{msg}"
         );
         let c = Config {

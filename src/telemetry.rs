@@ -32,6 +32,8 @@ pub const PARTITIONS: &str = "tocsin_scheduler_partitions";
 pub const DUE: &str = "tocsin_scheduler_due_runs";
 /// Worker lag: from a run's scheduled instant to its handler's start (first attempts).
 pub const WORKER_LAG: &str = "tocsin_worker_lag_seconds";
+/// How long a worker held a run fired ahead of its time (`scheduler.lookahead_ms`).
+pub const WORKER_HELD: &str = "tocsin_worker_held_seconds";
 /// A handler's run, start to result.
 pub const HANDLER_DURATION: &str = "tocsin_handler_duration_seconds";
 pub const WORKER_RUNS: &str = "tocsin_worker_runs_total";
@@ -110,6 +112,11 @@ pub fn describe() {
         WORKER_LAG,
         Unit::Seconds,
         "From a run's scheduled instant to its handler's start, first attempts (the worker's clock)."
+    );
+    describe_histogram!(
+        WORKER_HELD,
+        Unit::Seconds,
+        "How long a worker held a run that the scheduler fired ahead of its not-before instant."
     );
     describe_histogram!(
         HANDLER_DURATION,
@@ -325,6 +332,11 @@ pub fn due_scanned(runs: usize) {
 }
 
 /// A worker starts `attempt` of a run scheduled at `scheduled_ms`, at `now_ms`.
+/// A run fired ahead is held `ms` before it may start.
+pub fn run_held(ms: i64) {
+    histogram!(WORKER_HELD).record(ms as f64 / 1000.0);
+}
+
 pub fn run_started(scheduled_ms: i64, attempt: u32, now_ms: i64) {
     if attempt == 1 {
         histogram!(WORKER_LAG).record((now_ms - scheduled_ms).max(0) as f64 / 1000.0);

@@ -319,10 +319,25 @@ async fn the_job_api_puts_reads_controls_and_deletes_jobs_with_scoped_tokens() {
     );
     assert!(rows.iter().any(|p| p["jobs_lag"] == 0), "{}", parts.body);
 
-    // `tocsin status` shows the node, its partitions and the lane backlog.
-    let out = run_tocsin(&config, &["status", "--json"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // `tocsin status` shows the node, its partitions and the lane backlog, as of the node's
+    // latest heartbeat (every 2 s: the first one, written at start, has no partitions yet).
+    let status_json = || {
+        let out = run_tocsin(&config, &["status", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    wait_watching(
+        Duration::from_secs(10),
+        "a heartbeat with the node's partitions",
+        &[&node],
+        || {
+            status_json()["nodes"][0]["partitions"]
+                .as_array()
+                .map(Vec::len)
+                == Some(8)
+        },
+    );
+    let status = status_json();
     let n1 = &status["nodes"][0];
     assert_eq!(n1["node_id"], "n1");
     assert_eq!(n1["live"], true);

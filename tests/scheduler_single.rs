@@ -129,10 +129,17 @@ async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
             .collect()
     };
 
-    // Never early; report the worst lateness.
+    // Never startable early (a run fired ahead, at most the lookahead before its instant,
+    // carries its instant as its not-before); report the worst lateness.
+    let lead = config.scheduler.lookahead_ms as i64;
     let mut worst = 0;
     for s in &seen {
-        assert!(s.fire_ms >= s.run.scheduled_ms, "fired early: {:?}", s.run);
+        assert!(
+            s.not_before_ms >= s.run.scheduled_ms && s.fire_ms >= s.run.scheduled_ms - lead,
+            "fired early: {:?}, not before {}",
+            s.run,
+            s.not_before_ms
+        );
         worst = worst.max(s.fire_ms - s.run.scheduled_ms);
     }
     println!("runs seen: {}, worst lateness: {worst} ms", seen.len());
@@ -192,21 +199,24 @@ async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
         );
     }
 
-    // Delete: nothing after the tombstone was applied (one tick of slack).
+    // Delete: nothing after the tombstone was applied (one tick of slack), beyond the runs
+    // fired ahead before it (the lookahead).
     let deleted = fired("ctl-delete");
     assert!(
         !deleted.is_empty(),
         "the deleted job never fired before its deletion"
     );
     assert!(
-        deleted.iter().all(|t| *t <= t1 + 1_000),
+        deleted.iter().all(|t| *t <= t1 + 1_000 + lead),
         "fired after delete: {deleted:?} (deleted at {t1})"
     );
 
     // Update: every second before, multiples of 3 s after.
     let upd = fired("ctl-update");
     assert!(upd.iter().any(|t| *t < t1 && t % 3000 != 0), "{upd:?}");
-    let after: Vec<i64> = upd.iter().copied().filter(|t| *t > t1 + 1_000).collect();
+    let after: Vec<i64> = (upd.iter().copied())
+        .filter(|t| *t > t1 + 1_000 + lead)
+        .collect();
     assert!(!after.is_empty(), "the updated job stopped firing: {upd:?}");
     assert!(
         after.iter().all(|t| t % 3000 == 0),
@@ -218,14 +228,14 @@ async fn one_node_fires_mixed_schedules_exactly_once_and_applies_changes() {
     let during: Vec<i64> = pz
         .iter()
         .copied()
-        .filter(|t| *t > t1 + 1_000 && *t < t2)
+        .filter(|t| *t > t1 + 1_000 + lead && *t < t2)
         .collect();
     assert!(
         during.is_empty(),
         "fired while paused: {during:?} (paused {t1}..{t2})"
     );
     assert!(
-        pz.iter().any(|t| *t > t2 + 1_000),
+        pz.iter().any(|t| *t > t2 + 1_000 + lead),
         "did not fire after resume: {pz:?}"
     );
 

@@ -913,3 +913,84 @@ async fn a_run_delivered_again_while_it_executes_runs_once() {
     assert_eq!(starts(&ev, &run.run_id), 1, "started twice");
     w.stop();
 }
+
+/// `scheduler.lookahead_ms`: a run a worker executes is fired ahead of its instant, into its
+/// lane, and the worker holds it until then. A change read after the run was fired ahead does
+/// not stop it (the documented price of the lookahead); a change read before does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_fired_ahead_waits_in_the_worker_for_its_instant_and_a_pause_before_the_lead_stops_it(
+) {
+    let _g = SERIAL.lock().await;
+    let (mut config, dir) = setup_exec("lookahead").await;
+    config.scheduler.lookahead_ms = 4_000;
+    let at = (now_ms() / 1000 + 14) * 1000;
+    let one_shot = |id: &str| {
+        let mut j = job(id, "acme", ScheduleSpec::Once { at_ms: at });
+        j.handler = exec("true");
+        j
+    };
+    let _node = Node::start(&config, dir.path(), "s1");
+    let _w = Node::worker(&config, dir.path(), "w1", "p");
+    put_jobs(
+        &config,
+        &[
+            one_shot("runs"),
+            one_shot("early-pause"),
+            one_shot("late-pause"),
+        ],
+    )
+    .await;
+    let paused = |id: &str| {
+        let mut j = one_shot(id);
+        j.paused = true;
+        j
+    };
+    // Before the lead (at − 4 s): the pause holds.
+    sleep_until_ms(at - 7_000);
+    put_jobs(&config, &[paused("early-pause")]).await;
+    // Inside the lead, after the run was fired ahead: it runs anyway.
+    sleep_until_ms(at - 1_500);
+    put_jobs(&config, &[paused("late-pause")]).await;
+    sleep_until_ms(at + 6_000);
+    let ev = events(&config, Duration::from_millis(500));
+    let at_of = |job: &str, kind| -> Vec<i64> {
+        ev.iter()
+            .filter(|e| e.job_id == job && e.kind == kind)
+            .map(|e| e.at_ms)
+            .collect()
+    };
+    for job in ["runs", "late-pause"] {
+        let fired = at_of(job, RunEventKind::Fired);
+        let started = at_of(job, RunEventKind::Started);
+        println!("{job}: fired {fired:?}, started {started:?}, instant {at}");
+        assert_eq!(fired.len(), 1, "{job} fired once");
+        assert!(
+            fired[0] <= at - 3_000,
+            "{job} was fired ahead of its instant: fired at {} ms from it",
+            fired[0] - at
+        );
+        assert_eq!(started.len(), 1, "{job} started once");
+        assert!(
+            started[0] >= at,
+            "{job} started {} ms before its instant",
+            at - started[0]
+        );
+        assert_eq!(
+            at_of(job, RunEventKind::Succeeded).len(),
+            1,
+            "{job} succeeded"
+        );
+    }
+    assert!(
+        at_of("early-pause", RunEventKind::Fired).is_empty()
+            && at_of("early-pause", RunEventKind::Started).is_empty(),
+        "a job paused before its lead does not run"
+    );
+}
+
+fn sleep_until_ms(at_ms: i64) {
+    let wait = at_ms - now_ms();
+    if wait > 0 {
+        std::thread::sleep(Duration::from_millis(wait as u64));
+    }
+}

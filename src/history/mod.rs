@@ -21,6 +21,12 @@ use crate::model::records::{DeadLetter, RunEvent, RunEventKind};
 /// rows can say it too.
 pub const NODE_HEADER: &str = "tocsin-node";
 
+/// The lane record's header with the instant before which a worker must not start the run
+/// (milliseconds since the epoch): the run's fire time, later than the record's commit when
+/// the scheduler fired it ahead (`scheduler.lookahead_ms`). Absent on records of older nodes:
+/// they may start at once.
+pub const NOT_BEFORE_HEADER: &str = "tocsin-not-before-ms";
+
 /// The consumer group of the history sink that `scripts/connect` runs for `topic_prefix`:
 /// Connect names a sink's group `connect-<connector name>`, and the script names the connector
 /// `tocsin-runs-<prefix>`, each character outside `[A-Za-z0-9_-]` written `_` (an empty prefix

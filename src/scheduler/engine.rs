@@ -171,7 +171,8 @@ impl Engine {
             path: dir.clone(),
             source: e,
         })?;
-        let store = Arc::new(Store::open(&dir)?);
+        let lookahead = fire::Lookahead::new(config.scheduler.lookahead_ms as i64);
+        let store = Arc::new(Store::open(&dir, lookahead)?);
         status.view.attach(store.clone());
         let topics = Topics {
             jobs: config.topic("jobs"),
@@ -698,23 +699,25 @@ impl Engine {
         };
         let started = Instant::now();
         let mut due = Vec::new();
-        self.store
-            .due(p as u16, fired.through_ms, usize::MAX, &mut due)?;
+        // The index is keyed with this node's lookahead, the mark with its maker's: every
+        // timer the mark may advance is indexed at or before its through plus the mark's lead.
+        let upto = fired.through_ms.saturating_add(fired.ahead_ms);
+        self.store.due(p as u16, upto, usize::MAX, &mut due)?;
         let mut batch = self.store.batch();
         let mut advanced = 0;
         for e in due {
             let Some((mut state, seq)) = self.store.timer_seq(p as u16, &e.job)? else {
                 continue;
             };
-            let wake = fire::wake_at(&state);
-            let Some(through) = progress.advances(seq, wake) else {
+            let wake = self.store.wake(&state);
+            let Some(through) = progress.advances(seq, &state) else {
                 continue;
             };
             let Some(schedule) = self.schedules.of(&state.definition) else {
                 continue;
             };
             if fire::advance(&mut state, &schedule, through) > 0 {
-                let new_wake = fire::wake_at(&state);
+                let new_wake = self.store.wake(&state);
                 let bytes = encode_timer(&state);
                 batch.put_timer(&self.store, p as u16, &state, &bytes, seq, wake, new_wake);
                 advanced += 1;
@@ -974,26 +977,31 @@ impl Engine {
                 .delete_timer(&self.store, e.partition, &e.job, Some(e.wake_ms));
             return Ok(());
         };
-        let old_wake = fire::wake_at(&state);
+        let old_wake = self.store.wake(&state);
         if old_wake != Some(e.wake_ms) {
             return Ok(()); // changed earlier in this transaction; the index follows the state
         }
         let Some(schedule) = self.schedules.of(&state.definition) else {
             return Ok(());
         };
+        // A job fired ahead is fired through its horizon; its lateness is still measured from
+        // the clock.
+        let lead = self.store.lookahead().of(&state.definition);
+        let horizon = now.saturating_add(lead);
         let limits = FireLimits {
             completes_at_fire: self.output.delivers(&state.definition),
+            misfire_threshold_ms: limits.misfire_threshold_ms.saturating_add(lead),
             ..limits
         };
         let before = fire::Plain::of(&state);
         #[cfg(debug_assertions)]
         let replayed = {
             let mut s = state.clone();
-            fire::advance(&mut s, &schedule, now);
+            fire::advance(&mut s, &schedule, horizon);
             s
         };
-        let fired = fire::fire_due(&mut state, &schedule, now, limits);
-        let plain = fire::fired_plainly(before, &state, &fired, now);
+        let fired = fire::fire_due(&mut state, &schedule, horizon, limits);
+        let plain = fire::fired_plainly(before, &state, &fired, horizon);
         #[cfg(debug_assertions)]
         if plain {
             assert_eq!(replayed, state, "a plain fire must be what advance replays");
@@ -1004,7 +1012,9 @@ impl Engine {
         };
         for d in &fired.runs {
             (self.output).run(&self.producer, &state, d, from, now)?;
-            txn.lags.add(now - d.scheduled_ms, &state.definition.tenant);
+            // Fired ahead: not late (the lane's lead is measured by the load test).
+            txn.lags
+                .add((now - d.scheduled_ms).max(0), &state.definition.tenant);
         }
         for s in &fired.skipped {
             (self.output).skipped(&self.producer, &state.definition, *s, now)?;
@@ -1042,7 +1052,7 @@ impl Engine {
     /// this transaction already holds still commit; none is fired twice.
     fn quarantine_timer(&mut self, txn: &mut Txn, p: i32, job: &str, reason: String) -> Result<()> {
         let state = self.load(txn, p, job)?;
-        let old_wake = state.as_ref().and_then(fire::wake_at);
+        let old_wake = state.as_ref().and_then(|s| self.store.wake(s));
         error!(job = %job, partition = p, reason = %reason,
             "job cannot be fired; its timer is deleted and its definition is in jobs.rejected");
         metrics::counter!("tocsin_records_quarantined_total").increment(1);
@@ -1077,7 +1087,7 @@ impl Engine {
             Ok(job) => self.load(txn, p, job)?,
             Err(_) => None,
         };
-        let old_wake = existing.as_ref().and_then(fire::wake_at);
+        let old_wake = existing.as_ref().and_then(|s| self.store.wake(s));
         let record = ingest::JobRecord {
             key: m.key(),
             payload: m.payload(),
@@ -1122,7 +1132,7 @@ impl Engine {
         let Some(schedule) = self.schedules.of(&state.definition) else {
             return Ok(());
         };
-        let old_wake = fire::wake_at(&state);
+        let old_wake = self.store.wake(&state);
         if fire::apply_control(&mut state, record, &schedule, now, 10_000) {
             txn.change(p, &job, Some(state), old_wake, false);
         }

@@ -1,7 +1,7 @@
 //! What a timer does when it falls due, and how definitions and control requests change it.
 //! Pure: the clock is an argument, the caller persists the result.
 
-use crate::model::job::{JobDefinition, OverlapPolicy, ScheduleSpec};
+use crate::model::job::{HandlerKind, JobDefinition, OverlapPolicy, ScheduleSpec};
 use crate::model::records::{run_id, ControlRecord, FireReason, InFlight, PendingFire, TimerState};
 use crate::model::schedule::{jitter_ms, resolve_misfire, Schedule};
 
@@ -24,6 +24,10 @@ pub struct Due {
     pub scheduled_ms: i64,
     pub attempt: u32,
     pub reason: FireReason,
+    /// The instant before which the run must not start: its fire time (the instant plus
+    /// jitter), or a retry's backoff. Later than the fire's `now` when it was fired ahead
+    /// (`Lookahead`); a worker holds it until then.
+    pub not_before_ms: i64,
 }
 
 /// What one pass produced besides the new state.
@@ -41,7 +45,51 @@ pub fn fire_at(def: &JobDefinition, scheduled_ms: i64) -> i64 {
     scheduled_ms.saturating_add(jitter_ms(&def.id, scheduled_ms, def.jitter_ms) as i64)
 }
 
-/// When the bucket index must wake this timer; `None` when it has nothing left to do.
+/// How far ahead of their time a node fires runs (`scheduler.lookahead_ms`). A run that a
+/// worker executes is fired up to this much early, into its lane, with its not-before
+/// instant; the worker holds it until then, so a slow commit costs no lateness. A `kafka` job's
+/// run is never fired ahead: delivered by the node, it is in its target as soon as it commits,
+/// and even delivered by a worker a `kafka` job keeps no lead, so that which runs lead depends
+/// on the definition alone, never on `scheduler.kafka_delivery`.
+///
+/// The bucket index keys a timer at its wake instant less its lead, so a tick scans what it
+/// may fire and nothing else; a partition's progress records the lookahead it was fired with
+/// (`progress`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lookahead {
+    pub ms: i64,
+}
+
+impl Lookahead {
+    pub const fn new(ms: i64) -> Lookahead {
+        Lookahead { ms }
+    }
+
+    /// The lead of a job's runs: none for a `kafka` job, nor for one whose overlap policy
+    /// decides by the runs in flight (fired ahead, an instant would be judged by what runs a
+    /// lead before it, and a job every second would skip every other instant).
+    pub fn of(&self, def: &JobDefinition) -> i64 {
+        match (def.handler.kind, def.overlap) {
+            (HandlerKind::Kafka, _) => 0,
+            (_, OverlapPolicy::Allow) => self.ms,
+            _ => 0,
+        }
+    }
+
+    /// The instant a timer is indexed at: its wake instant less its lead.
+    pub fn wake(&self, state: &TimerState) -> Option<i64> {
+        wake_at(state).map(|w| w.saturating_sub(self.of(&state.definition)))
+    }
+
+    /// The latest instant a pass at `now_ms` fires of a job.
+    pub fn horizon(&self, def: &JobDefinition, now_ms: i64) -> i64 {
+        now_ms.saturating_add(self.of(def))
+    }
+}
+
+/// When the timer has something to do next (its next fire time, or a pending run's
+/// not-before instant); `None` when it has nothing left to do. The bucket index keys it at
+/// that less its lead (`Lookahead::wake`).
 pub fn wake_at(state: &TimerState) -> Option<i64> {
     if state.definition.paused {
         return None;
@@ -277,7 +325,9 @@ impl Plain {
     }
 }
 
-/// Fires whatever of `state` is due at `now_ms`.
+/// Fires whatever of `state` is due at `now_ms`: the pass's horizon, which for a job fired
+/// ahead is the clock plus its lead (`Lookahead::horizon`; the caller then adds the lead to the
+/// misfire threshold too, so that lateness is measured from the clock).
 pub fn fire_due(
     state: &mut TimerState,
     schedule: &Schedule,
@@ -298,17 +348,23 @@ pub fn fire_due(
                 // Schedule instants waiting here (a `buffer_one` instant released by its
                 // predecessor's completion, catch-up instants queued by a resume) are fired as
                 // schedule instants: counted against max_fires, held by the overlap policy.
-                FireReason::Schedule | FireReason::CatchUp if p.attempt == 1 => schedule_fire(
-                    state,
-                    p.scheduled_ms,
-                    p.reason,
-                    limits.completes_at_fire,
-                    &mut out,
-                ),
+                FireReason::Schedule | FireReason::CatchUp if p.attempt == 1 => {
+                    let not_before = p
+                        .not_before_ms
+                        .max(fire_at(&state.definition, p.scheduled_ms));
+                    schedule_fire(
+                        state,
+                        (p.scheduled_ms, not_before),
+                        p.reason,
+                        limits.completes_at_fire,
+                        &mut out,
+                    )
+                }
                 _ => out.runs.push(Due {
                     scheduled_ms: p.scheduled_ms,
                     attempt: p.attempt,
                     reason: p.reason,
+                    not_before_ms: p.not_before_ms,
                 }),
             }
         } else {
@@ -336,9 +392,10 @@ pub fn fire_due(
             );
             out.missed += m.missed;
             for instant in m.fire {
+                let at = fire_at(&state.definition, instant);
                 schedule_fire(
                     state,
-                    instant,
+                    (instant, at),
                     FireReason::CatchUp,
                     limits.completes_at_fire,
                     &mut out,
@@ -348,7 +405,7 @@ pub fn fire_due(
         } else {
             schedule_fire(
                 state,
-                next,
+                (next, at),
                 FireReason::Schedule,
                 limits.completes_at_fire,
                 &mut out,
@@ -364,9 +421,11 @@ pub fn fire_due(
     out
 }
 
+/// Fires (or skips, or buffers) the schedule instant `scheduled_ms`, not to start before
+/// `not_before_ms`.
 fn schedule_fire(
     state: &mut TimerState,
-    scheduled_ms: i64,
+    (scheduled_ms, not_before_ms): (i64, i64),
     reason: FireReason,
     completes_at_fire: bool,
     out: &mut Fired,
@@ -390,6 +449,7 @@ fn schedule_fire(
         scheduled_ms,
         attempt: 1,
         reason,
+        not_before_ms,
     });
     state.fires += 1;
     state.last_scheduled_ms = Some(scheduled_ms);

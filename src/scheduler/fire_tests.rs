@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::{
     advance, apply_control, fire_at, fire_due, fired_plainly, new_timer, update_timer, wake_at,
-    Due, FireLimits, Fired, Plain,
+    Due, FireLimits, Fired, Lookahead, Plain,
 };
 use crate::model::job::{
     HandlerKind, HandlerSpec, JobDefinition, MisfirePolicy, OverlapPolicy, ScheduleSpec,
@@ -68,6 +68,16 @@ fn run(scheduled_ms: i64, reason: FireReason) -> Due {
         scheduled_ms,
         attempt: 1,
         reason,
+        not_before_ms: scheduled_ms,
+    }
+}
+
+/// A run not to start before `not_before_ms` (a request's or a release's instant, or a
+/// jittered fire time).
+fn run_at(scheduled_ms: i64, reason: FireReason, not_before_ms: i64) -> Due {
+    Due {
+        not_before_ms,
+        ..run(scheduled_ms, reason)
     }
 }
 
@@ -314,7 +324,7 @@ fn overlap_buffer_one_keeps_one_instant_for_after_the_run() {
     );
     assert_eq!(t.wake(), Some(done));
     let f = t.fire(done);
-    assert_eq!(f.runs, vec![run(T0 + STEP, FireReason::Schedule)]);
+    assert_eq!(f.runs, vec![run_at(T0 + STEP, FireReason::Schedule, done)]);
     assert_eq!(t.state.pending, vec![]);
     assert_eq!(t.wake(), Some(T0 + 4 * STEP));
 }
@@ -327,7 +337,7 @@ fn overlap_buffer_one_released_run_is_in_flight() {
     assert!(t.complete(T0 + STEP + 1));
     assert_eq!(
         t.fire(T0 + STEP + 1).runs,
-        vec![run(T0 + STEP, FireReason::Schedule)]
+        vec![run_at(T0 + STEP, FireReason::Schedule, T0 + STEP + 1)]
     );
     // The released run is running now: the next instant must wait for it.
     assert_eq!(
@@ -531,8 +541,8 @@ fn backfill_adds_the_instants_in_from_inclusive_to_exclusive() {
     assert_eq!(
         f.runs,
         vec![
-            run(T0 - 2 * STEP, FireReason::Backfill),
-            run(T0 - STEP, FireReason::Backfill),
+            run_at(T0 - 2 * STEP, FireReason::Backfill, T0),
+            run_at(T0 - STEP, FireReason::Backfill, T0),
             run(T0, FireReason::Schedule),
         ]
     );
@@ -606,6 +616,7 @@ fn a_redelivered_retry_adds_one_pending_fire() {
             scheduled_ms: T0,
             attempt: 2,
             reason: FireReason::Retry,
+            not_before_ms: T0 + 5_000,
         }]
     );
     assert_eq!(t.state.fires, 0, "a retry is not a fire");
@@ -678,7 +689,7 @@ fn resuming_under_fire_once_runs_the_latest_missed_instant() {
     assert_eq!(t.wake(), Some(now));
     assert_eq!(
         t.fire(now).runs,
-        vec![run(T0 + 5 * STEP, FireReason::CatchUp)]
+        vec![run_at(T0 + 5 * STEP, FireReason::CatchUp, now)]
     );
     assert_eq!(
         t.fire(T0 + 6 * STEP).runs,
@@ -694,9 +705,9 @@ fn resuming_under_fire_all_runs_the_missed_instants_in_the_window() {
     assert_eq!(
         f.runs,
         vec![
-            run(T0 + 3 * STEP, FireReason::CatchUp),
-            run(T0 + 4 * STEP, FireReason::CatchUp),
-            run(T0 + 5 * STEP, FireReason::CatchUp),
+            run_at(T0 + 3 * STEP, FireReason::CatchUp, now),
+            run_at(T0 + 4 * STEP, FireReason::CatchUp, now),
+            run_at(T0 + 5 * STEP, FireReason::CatchUp, now),
         ]
     );
     assert_eq!(t.state.next_fire_ms, Some(T0 + 6 * STEP));
@@ -908,7 +919,7 @@ fn max_runs_bounds_the_runs_of_one_pass() {
     assert_eq!(
         f.runs,
         vec![
-            run(T0 - 5, FireReason::Manual),
+            run_at(T0 - 5, FireReason::Manual, T0),
             run(T0, FireReason::Schedule)
         ]
     );
@@ -960,7 +971,11 @@ fn jitter_delays_the_fire_not_the_instant() {
     let mut t = Timer::new(def, instant);
     assert_eq!(t.wake(), Some(at));
     assert_eq!(t.fire(at - 1), Fired::default());
-    assert_eq!(t.fire(at).runs, vec![run(instant, FireReason::Schedule)]);
+    assert_eq!(
+        t.fire(at).runs,
+        vec![run_at(instant, FireReason::Schedule, at)],
+        "the run may not start before its jittered time"
+    );
 }
 
 #[test]
@@ -1400,4 +1415,71 @@ proptest! {
             }
         }
     }
+}
+
+// Lookahead
+
+#[test]
+fn a_job_run_by_workers_fires_ahead_and_a_kafka_job_at_its_time() {
+    let ahead = Lookahead::new(1_000);
+    let mut t = Timer::new(every_10s(), T0 - 5_000);
+    assert_eq!(t.wake(), Some(T0));
+    assert_eq!(
+        ahead.wake(&t.state),
+        Some(T0 - 1_000),
+        "indexed a lead early"
+    );
+    let horizon = ahead.horizon(&t.state.definition, T0 - 1_000);
+    assert_eq!(horizon, T0);
+    let before = Plain::of(&t.state);
+    let mut replayed = t.state.clone();
+    let f = t.fire(horizon);
+    // Fired a second before its instant, not to start before it.
+    assert_eq!(f.runs, vec![run_at(T0, FireReason::Schedule, T0)]);
+    assert!(fired_plainly(before, &t.state, &f, horizon));
+    advance(&mut replayed, &t.schedule, horizon);
+    assert_eq!(
+        replayed, t.state,
+        "a restore replays a fire ahead through the horizon"
+    );
+    assert_eq!(ahead.wake(&t.state), Some(T0 + STEP - 1_000));
+
+    let mut def = every_10s();
+    def.handler.kind = HandlerKind::Kafka;
+    let k = Timer::new(def, T0 - 5_000);
+    assert_eq!(ahead.wake(&k.state), Some(T0), "a kafka job is never led");
+    assert_eq!(ahead.horizon(&k.state.definition, T0 - 1_000), T0 - 1_000);
+    assert_eq!(Lookahead::default().wake(&t.state), t.wake());
+    // Nor is a job whose overlap policy looks at the runs in flight.
+    for overlap in [OverlapPolicy::Skip, OverlapPolicy::BufferOne] {
+        assert_eq!(ahead.of(&overlapping(overlap)), 0, "{overlap:?}");
+    }
+}
+
+#[test]
+fn a_retry_fired_ahead_keeps_its_backoff_as_not_before() {
+    let ahead = Lookahead::new(1_000);
+    let mut t = Timer::new(every_10s(), T0);
+    t.fire(T0);
+    assert!(t.control(
+        ControlRecord::Retry {
+            run_id: run_id(ID, T0),
+            scheduled_ms: T0,
+            attempt: 2,
+            not_before_ms: T0 + 5_000,
+            error: "boom".into(),
+        },
+        T0 + 100,
+    ));
+    assert_eq!(ahead.wake(&t.state), Some(T0 + 4_000));
+    let f = t.fire(ahead.horizon(&t.state.definition, T0 + 4_000));
+    assert_eq!(
+        f.runs,
+        vec![Due {
+            scheduled_ms: T0,
+            attempt: 2,
+            reason: FireReason::Retry,
+            not_before_ms: T0 + 5_000,
+        }]
+    );
 }

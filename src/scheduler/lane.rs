@@ -5,7 +5,7 @@
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::history::NODE_HEADER;
+use crate::history::{NODE_HEADER, NOT_BEFORE_HEADER};
 use crate::model::job::JobDefinition;
 use crate::model::records::{run_id, FireReason, Run, RunEvent, RunEventKind};
 
@@ -17,10 +17,12 @@ pub struct Instance {
     pub reason: FireReason,
 }
 
-/// Where and when a run was fired.
+/// Where and when a run was fired, and when it may start.
 #[derive(Debug, Clone, Copy)]
 pub struct Fired<'a> {
     pub fire_ms: i64,
+    /// The instant before which the run must not start (`fire::Due::not_before_ms`).
+    pub not_before_ms: i64,
     /// The `jobs` partition the job lives in.
     pub partition: i32,
     /// The firing node's assignment epoch (how many assignments it has seen).
@@ -47,7 +49,7 @@ pub fn run(def: &JobDefinition, instance: Instance, fire_ms: i64) -> Run {
 
 /// The headers of a run's lane record.
 pub fn headers(run: &Run, fired: &Fired<'_>) -> OwnedHeaders {
-    OwnedHeaders::new_with_capacity(7)
+    OwnedHeaders::new_with_capacity(8)
         .insert(h("tocsin-run-id", run.run_id.as_bytes()))
         .insert(h(
             "tocsin-scheduled-ms",
@@ -64,6 +66,10 @@ pub fn headers(run: &Run, fired: &Fired<'_>) -> OwnedHeaders {
             fired.assignment_epoch.to_string().as_bytes(),
         ))
         .insert(h(NODE_HEADER, fired.node.as_bytes()))
+        .insert(h(
+            NOT_BEFORE_HEADER,
+            fired.not_before_ms.to_string().as_bytes(),
+        ))
 }
 
 /// An event of the run of `def` scheduled at `scheduled_ms`, happening at `at_ms` on `node`.
@@ -115,6 +121,7 @@ mod tests {
         assert_eq!((run.fire_ms, run.attempt), (60_250, 2));
         let fired = Fired {
             fire_ms: 60_250,
+            not_before_ms: 61_000,
             partition: 7,
             assignment_epoch: 3,
             node: "n1",
@@ -135,6 +142,7 @@ mod tests {
             ("tocsin-partition", "7"),
             ("tocsin-assignment-epoch", "3"),
             (NODE_HEADER, "n1"),
+            (NOT_BEFORE_HEADER, "61000"),
         ];
         let want: Vec<(String, String)> = want
             .iter()

@@ -132,6 +132,7 @@ impl Output {
         let bytes = codec::encode(&run, &Framing::SingleObject);
         let fired = lane::Fired {
             fire_ms: now,
+            not_before_ms: d.not_before_ms,
             partition: from.partition,
             assignment_epoch: from.assignment_epoch,
             node: &self.node_id,

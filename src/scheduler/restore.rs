@@ -33,7 +33,6 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, warn};
 
-use super::fire;
 use super::ingest::Schedules;
 use super::lifecycle::{Action, Event, Lifecycle};
 use super::store::{Checkpoint, Store};
@@ -289,7 +288,7 @@ impl Replay {
                 None => store
                     .timer(p as u16, &job)?
                     .as_ref()
-                    .and_then(fire::wake_at),
+                    .and_then(|s| store.wake(s)),
             };
             match m.payload() {
                 None => {
@@ -298,7 +297,7 @@ impl Replay {
                 }
                 Some(bytes) => match codec::decode::<TimerState>(bytes) {
                     Ok(state) => {
-                        let wake = fire::wake_at(&state);
+                        let wake = store.wake(&state);
                         let seq = record_seq(&m);
                         batch.put_timer(store, p as u16, &state, bytes, seq, old_wake, wake);
                         overlay.insert((p, job), wake);

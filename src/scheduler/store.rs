@@ -7,8 +7,12 @@
 //! - `due`: `(partition u16 BE, wake instant u64 BE, job id)` → tenant, so "everything due in
 //!   partition p up to now" is one range scan that also says whose it is, without decoding;
 //! - `meta`: `ckpt/(partition u16 BE)` → next `timers` offset to read + when it was written;
-//!   `format` → the layout version (`FORMAT`): a store of another layout is emptied at open
-//!   (it is a cache: its partitions are replayed from `timers`).
+//!   `format` → the layout version (`FORMAT`) and the lookahead the index is keyed with: a
+//!   store of another layout or lookahead is emptied at open (it is a cache: its partitions
+//!   are replayed from `timers`).
+//!
+//! A timer is indexed at its wake instant less its job's lead (`fire::Lookahead`, `wake`), so
+//! "due up to now" is what a tick at `now` may fire.
 
 use foldhash::{HashMap, HashMapExt};
 use std::path::Path;
@@ -18,6 +22,7 @@ use rocksdb::{
     ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch, DB,
 };
 
+use super::fire::Lookahead;
 use crate::codec::{self, Framing};
 use crate::model::records::TimerState;
 
@@ -40,7 +45,7 @@ const CF_TIMERS: &str = "timers";
 const CF_DUE: &str = "due";
 const CF_META: &str = "meta";
 /// Version 2 put the progress sequence in front of each timer state.
-const FORMAT: &[u8] = b"2";
+const FORMAT: &str = "2";
 const FORMAT_KEY: &[u8] = b"format";
 /// Index entries `first_wake` walks past (the entries a transaction itself moved) before it
 /// gives up and answers "unknown".
@@ -64,6 +69,7 @@ pub struct DueEntry {
 
 pub struct Store {
     db: DB,
+    lookahead: Lookahead,
     /// Per partition, a wake instant no live `due` entry is below. A scan starts there instead
     /// of at the partition's first key, so it does not walk the tombstones every fire leaves
     /// behind (until compaction drops them, they cost a scan as much as live keys).
@@ -109,7 +115,7 @@ fn checkpoint_key(partition: u16) -> Vec<u8> {
 }
 
 impl Store {
-    pub fn open(dir: &Path) -> Result<Store> {
+    pub fn open(dir: &Path, lookahead: Lookahead) -> Result<Store> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -121,10 +127,13 @@ impl Store {
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         let store = Store {
             db,
+            lookahead,
             floors: Mutex::new(HashMap::new()),
         };
         let cf_meta = store.cf(CF_META);
-        if store.db.get_cf(cf_meta, FORMAT_KEY)?.as_deref() != Some(FORMAT) {
+        let format = format!("{} lookahead={}", FORMAT, lookahead.ms);
+        let format = format.as_bytes();
+        if store.db.get_cf(cf_meta, FORMAT_KEY)?.as_deref() != Some(format) {
             // Another layout (or a new store): start empty; every partition replays.
             let mut batch = WriteBatch::default();
             for cf in [CF_TIMERS, CF_DUE, CF_META] {
@@ -132,10 +141,20 @@ impl Store {
                     batch.delete_cf(store.cf(cf), item?.0);
                 }
             }
-            batch.put_cf(cf_meta, FORMAT_KEY, FORMAT);
+            batch.put_cf(cf_meta, FORMAT_KEY, format);
             store.db.write(batch)?;
         }
         Ok(store)
+    }
+
+    /// The lookahead this store's index is keyed with.
+    pub fn lookahead(&self) -> Lookahead {
+        self.lookahead
+    }
+
+    /// The instant the index keys `state` at (`None`: not indexed).
+    pub fn wake(&self, state: &TimerState) -> Option<i64> {
+        self.lookahead.wake(state)
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
@@ -483,7 +502,7 @@ pub(crate) mod testing {
     /// A fresh store in a directory of its own (kept while the `TempDir` lives).
     pub fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         (dir, store)
     }
 
@@ -491,7 +510,7 @@ pub(crate) mod testing {
     pub fn put(store: &Store, p: u16, timers: impl IntoIterator<Item = TimerState>) {
         let mut b = store.batch();
         for t in timers {
-            b.put_timer(store, p, &t, &encode_timer(&t), 0, None, t.next_fire_ms);
+            b.put_timer(store, p, &t, &encode_timer(&t), 0, None, store.wake(&t));
         }
         store.write(b).unwrap();
     }
@@ -554,7 +573,7 @@ mod tests {
     #[test]
     fn due_scan_sees_entries_written_below_its_floor() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         move_timer(&store, "a", None, 1_000);
         move_timer(&store, "b", None, 5_000);
         assert_eq!(due(&store, 2_000), vec![("a".into(), 1_000)]);
@@ -585,7 +604,7 @@ mod tests {
     #[test]
     fn due_scan_of_an_emptied_partition_stays_in_it() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         let mut b = store.batch();
         for p in 0..4u16 {
             for i in 0..100 {
@@ -617,7 +636,7 @@ mod tests {
     #[test]
     fn timers_keep_their_sequence_and_first_wake_skips_the_moved() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         let mut b = store.batch();
         for (job, wake, seq) in [("a", 1_000, 4), ("b", 2_000, 9), ("c", 3_000, 2)] {
             let t = timer(job, "t", wake);
@@ -644,23 +663,59 @@ mod tests {
     fn a_store_of_another_layout_starts_empty() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let store = Store::open(dir.path()).unwrap();
+            let store = Store::open(dir.path(), Default::default()).unwrap();
             move_timer(&store, "a", None, 1_000);
             store.db.delete_cf(store.cf(CF_META), FORMAT_KEY).unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(store.timers_summary(3).unwrap(), (0, 0));
         assert_eq!(due(&store, 10_000), vec![]);
         move_timer(&store, "b", None, 1_000);
         drop(store);
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(due(&store, 10_000), vec![("b".into(), 1_000)]);
+    }
+
+    /// The index is keyed with the lookahead: a store opened with another one is emptied (and
+    /// replayed), never read with keys that no longer say what is due.
+    #[test]
+    fn a_store_opened_with_another_lookahead_starts_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let led = Lookahead::new(1_000);
+        {
+            let store = Store::open(dir.path(), led).unwrap();
+            move_timer(&store, "a", None, 1_000);
+        }
+        let store = Store::open(dir.path(), led).unwrap();
+        assert_eq!(
+            due(&store, 10_000),
+            vec![("a".into(), 1_000)],
+            "same lookahead: kept"
+        );
+        drop(store);
+        let store = Store::open(dir.path(), Lookahead::new(500)).unwrap();
+        assert_eq!(store.timers_summary(3).unwrap(), (0, 0));
+        assert_eq!(due(&store, 10_000), vec![]);
+    }
+
+    #[test]
+    fn a_timer_is_indexed_at_its_wake_less_its_job_s_lead() {
+        use crate::model::job::HandlerKind;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), Lookahead::new(1_000)).unwrap();
+        let mut led = testing::timer("a", "t", 5_000);
+        led.definition.handler.kind = HandlerKind::Exec;
+        let kafka = testing::timer("b", "t", 5_000);
+        assert_eq!(store.wake(&led), Some(4_000));
+        assert_eq!(store.wake(&kafka), Some(5_000));
+        testing::put(&store, 3, [led, kafka]);
+        assert_eq!(due(&store, 4_999), vec![("a".into(), 4_000)]);
     }
 
     #[test]
     fn the_read_only_views_list_timers_and_count_what_is_due() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
         for (job, wake) in [("b", 1_000), ("a", 2_000), ("c", 9_000)] {
             move_timer(&store, job, None, wake);
         }

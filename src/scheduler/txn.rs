@@ -8,7 +8,6 @@ use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
 
-use super::fire;
 use super::lane::h;
 use super::producer::TxnProducer;
 use super::progress::{FiredThrough, Progress};
@@ -102,9 +101,10 @@ impl Txn {
 
     /// Sets the progress of each partition this transaction fired in or changed, as of its
     /// commit at `now`, from `committed` (each partition's progress as of the last commit):
-    /// the next sequence, and "fired through `now`" when every timer of the partition wakes
-    /// later than `now` once this commits (those it changes, and the first of the others in
-    /// the index).
+    /// the next sequence, and "fired through `now`" (with the store's lookahead) when every
+    /// timer of the partition is indexed later than `now` once this commits (those it changes,
+    /// and the first of the others in the index), and that mark fires at least as far as the
+    /// previous one (`FiredThrough::covers`).
     pub fn settle(
         &mut self,
         store: &Store,
@@ -120,20 +120,22 @@ impl Txn {
             let (jobs, later) = by_partition.entry(*p).or_insert((HashSet::new(), true));
             jobs.insert(job.as_str());
             *later &= (c.state.as_ref())
-                .and_then(fire::wake_at)
+                .and_then(|s| store.wake(s))
                 .is_none_or(|w| w > now);
         }
         for (p, (jobs, changed_later)) in &by_partition {
             let old = committed.get(p).copied().unwrap_or_default();
             let seq = old.seq + 1;
+            let mark = FiredThrough {
+                through_ms: now,
+                seq,
+                ahead_ms: store.lookahead().ms,
+            };
             let fired = *changed_later
-                && old.fired.is_none_or(|f| f.through_ms <= now)
+                && old.fired.is_none_or(|f| mark.covers(&f))
                 && (store.first_wake(*p as u16, |job| jobs.contains(job))?).is_none_or(|w| w > now);
             let fired = match fired {
-                true => Some(FiredThrough {
-                    through_ms: now,
-                    seq,
-                }),
+                true => Some(mark),
                 false => old.fired,
             };
             self.progress.insert(*p, Progress { seq, fired });
@@ -173,7 +175,7 @@ impl Txn {
                 producer.send(record).map_err(|(e, _)| e)?;
                 self.timers_sent += 1;
             }
-            let wake = fire::wake_at(state);
+            let wake = store.wake(state);
             (self.batch).put_timer(
                 store,
                 *p as u16,
@@ -206,7 +208,11 @@ mod tests {
 
     fn committed(p: i32, seq: u64, through: Option<i64>) -> HashMap<i32, Progress> {
         let mut m = HashMap::new();
-        let fired = through.map(|through_ms| FiredThrough { through_ms, seq });
+        let fired = through.map(|through_ms| FiredThrough {
+            through_ms,
+            seq,
+            ahead_ms: 0,
+        });
         m.insert(p, Progress { seq, fired });
         m
     }
@@ -225,6 +231,7 @@ mod tests {
         let fired = Some(FiredThrough {
             through_ms: 1_000,
             seq: 8,
+            ahead_ms: 0,
         });
         assert_eq!(txn.progress[&3], Progress { seq: 8, fired });
         assert!(recorded(true, txn.progress[&3]));
@@ -269,6 +276,28 @@ mod tests {
                 fired: None
             }
         );
+    }
+
+    #[test]
+    fn a_mark_that_would_fire_less_far_than_the_last_one_is_not_made() {
+        // The last owner fired with a lookahead of 5 s; this node, without one, fires
+        // at 3 s: its mark would say "through 3 s" for jobs fired through 7 s.
+        let (_dir, store) = testing::store();
+        stored(&store, 3, "a", 9_000);
+        let mut txn = Txn::new(store.batch());
+        txn.fired_partitions.insert(3);
+        txn.change(3, "a", Some(timer("a", "t", 9_000)), Some(9_000), false);
+        let mut before = committed(3, 7, Some(2_000));
+        before.get_mut(&3).unwrap().fired.as_mut().unwrap().ahead_ms = 5_000;
+        txn.settle(&store, &before, 3_000).unwrap();
+        assert_eq!(txn.progress[&3].fired, before[&3].fired);
+        assert_eq!(txn.progress[&3].seq, 8);
+        // Once its own mark fires as far, it is made.
+        let mut txn = Txn::new(store.batch());
+        txn.fired_partitions.insert(3);
+        txn.settle(&store, &before, 7_000).unwrap();
+        let fired = txn.progress[&3].fired.unwrap();
+        assert_eq!((fired.through_ms, fired.seq, fired.ahead_ms), (7_000, 8, 0));
     }
 
     #[test]

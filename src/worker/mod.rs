@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 use crate::codec::{self, Framing};
 use crate::config::Config;
-use crate::history::{self, Known, Reporter, NODE_HEADER};
+use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER};
 use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
 use crate::node::NowFn;
 use crate::telemetry::{self, RunOutcome};
@@ -334,13 +334,20 @@ pub async fn run(
                         continue;
                     }
                 };
+                // A run fired ahead of its time is held until then, and counts as waiting
+                // only from then on: the lead is bounded by the scheduler's lookahead, and a
+                // held run must not pause its lane, which would make the next ones late.
+                let not_before = not_before(&m);
+                let held = not_before.is_some_and(|t| t > (shared.now)());
                 // Fairness: a tenant with a deep backlog has its lane paused, so the other
                 // lanes keep flowing through this worker.
                 let waiting = {
                     let mut tenants = shared.tenants.lock().unwrap();
                     let e = tenants.entry(run.tenant.clone())
                         .or_insert_with(|| (Arc::new(Semaphore::new(per_tenant)), 0));
-                    e.1 += 1;
+                    if !held {
+                        e.1 += 1;
+                    }
                     e.1
                 };
                 if waiting > per_tenant * PAUSE_ABOVE {
@@ -359,6 +366,12 @@ pub async fn run(
                 };
                 let shared = shared.clone();
                 tasks.spawn(async move {
+                    if held {
+                        hold(&shared, not_before.unwrap_or(0)).await;
+                        if let Some(e) = shared.tenants.lock().unwrap().get_mut(&run.tenant) {
+                            e.1 += 1;
+                        }
+                    }
                     if execute(&shared, run, known, &taken).await {
                         shared.lanes.finished(&taken);
                     }
@@ -393,6 +406,32 @@ fn fired_by(m: &impl Message) -> Option<String> {
     let headers = m.headers()?;
     let h = headers.iter().find(|h| h.key == NODE_HEADER)?;
     Some(String::from_utf8_lossy(h.value?).into_owned())
+}
+
+/// The instant before which a lane record's run must not start, from its header (absent on
+/// records of older nodes, or malformed: no hold).
+fn not_before(m: &impl Message) -> Option<i64> {
+    use rdkafka::message::Headers;
+    let headers = m.headers()?;
+    let h = headers.iter().find(|h| h.key == NOT_BEFORE_HEADER)?;
+    std::str::from_utf8(h.value?).ok()?.parse().ok()
+}
+
+/// Waits until the worker's clock reaches `not_before_ms`. A hold never outlasts the
+/// scheduler's lookahead by much; it is capped at a minute, so a record with a far-off header
+/// (written by hand, or a clock gone wrong) costs at most that, and is counted.
+async fn hold(shared: &Shared, not_before_ms: i64) {
+    const LONGEST_HOLD_MS: i64 = 60_000;
+    let wait = not_before_ms - (shared.now)();
+    if wait > LONGEST_HOLD_MS {
+        warn!(
+            not_before_ms,
+            wait_ms = wait,
+            "run's not-before instant is more than a minute ahead; held for a minute"
+        );
+    }
+    crate::telemetry::run_held(wait.clamp(0, LONGEST_HOLD_MS));
+    tokio::time::sleep(Duration::from_millis(wait.clamp(0, LONGEST_HOLD_MS) as u64)).await;
 }
 
 /// How often a failing ledger is tried again.

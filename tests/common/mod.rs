@@ -650,6 +650,8 @@ pub mod fleet {
         pub lane: String,
         pub run: Run,
         pub fire_ms: i64,
+        /// The run's `tocsin-not-before-ms` (its instant where the header is absent).
+        pub not_before_ms: i64,
     }
 
     /// Reads every lane of the config's prefix from the beginning, `read_committed`, until
@@ -686,10 +688,19 @@ pub mod fleet {
                     .and_then(|h| h.iter().find(|h| h.key == "tocsin-fire-ms"))
                     .and_then(|h| std::str::from_utf8(h.value.unwrap()).ok()?.parse().ok())
                     .unwrap_or(run.fire_ms);
+                let not_before_ms = m
+                    .headers()
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == tocsin::history::NOT_BEFORE_HEADER)
+                    })
+                    .and_then(|h| std::str::from_utf8(h.value.unwrap()).ok()?.parse().ok())
+                    .unwrap_or(run.scheduled_ms);
                 out.push(Seen {
                     lane: m.topic().to_owned(),
                     run,
                     fire_ms,
+                    not_before_ms,
                 });
             }
         }
