@@ -171,6 +171,11 @@ pub struct Args {
     /// steady/failover/baseline override of rate × period.
     #[arg(long)]
     pub jobs: Option<u64>,
+    /// herd/delay: seconds from the start of the load to the due instant [default: 10 + one
+    /// per 10,000 jobs]. Indexing must end before it (the report notes when it did not: the
+    /// lag then includes indexing); a slow ingest needs more.
+    #[arg(long)]
+    pub due_in_s: Option<u64>,
     /// Tenants (one lane topic each).
     #[arg(long, default_value_t = 4)]
     pub tenants: usize,

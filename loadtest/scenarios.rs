@@ -875,6 +875,15 @@ fn note_holds(ctx: &mut Ctx<'_>, holds: &[HoldSample], down_ms: i64, origin_ms: 
     ));
 }
 
+/// The herd's (delay's) due instant: far enough ahead that every definition is indexed
+/// before it, `--due-in-s` from now.
+fn due_instant(a: &Args, jobs: u64) -> i64 {
+    let lead_ms = a
+        .due_in_s
+        .map_or(10_000 + jobs as i64 / 10, |s| s as i64 * 1_000);
+    ceil_second(now_ms() + lead_ms)
+}
+
 /// `herd`: every job due at the same instant.
 fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let a = ctx.args;
@@ -902,8 +911,7 @@ fn herd(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     let baseline = baseline.map(|b| b.per_s);
     let audit = Audit::start(&ctx.config, &ctx.lanes())?;
     let mut nodes = ctx.start_nodes(n_nodes)?;
-    // Far enough ahead that every definition is indexed before the herd falls due.
-    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 10);
+    let at = due_instant(a, jobs);
     let make = |i: u64| {
         job(
             i,
@@ -1021,8 +1029,7 @@ fn delay(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
         let pool = &ctx.config.worker.pool;
         procs.push(Node::worker(&ctx.bin, &ctx.cfg_path, &ctx.dir, "w1", pool)?);
     }
-    // Far enough ahead that every definition is indexed before the jobs fall due.
-    let at = ceil_second(now_ms() + 10_000 + (jobs as i64) / 10);
+    let at = due_instant(a, jobs);
     let expect = Expect {
         at_ms: at,
         payload_bytes: payload,
