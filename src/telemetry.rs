@@ -40,6 +40,9 @@ pub const WORKER_RUNS: &str = "tocsin_worker_runs_total";
 pub const RUNS_IN_FLIGHT: &str = "tocsin_worker_runs_in_flight";
 /// Lane partitions a worker paused because their tenant has too many runs waiting.
 pub const LANES_PAUSED: &str = "tocsin_worker_lanes_paused";
+/// Times a worker paused a lane partition for its tenant's backlog (a pause may last only
+/// milliseconds, shorter than a scrape: this counts each one).
+pub const LANE_PAUSES: &str = "tocsin_worker_lane_pauses_total";
 /// Records in the worker's assigned lane partitions it has not read yet (librdkafka's
 /// statistics).
 pub const LANE_LAG: &str = "tocsin_worker_lane_lag_records";
@@ -146,6 +149,10 @@ pub fn describe() {
     describe_gauge!(
         LANES_PAUSED,
         "Lane partitions this worker paused because their tenant has too many runs waiting here."
+    );
+    describe_counter!(
+        LANE_PAUSES,
+        "Times this worker paused a lane partition because its tenant had too many runs waiting here, by tenant."
     );
     describe_counter!(
         CLIENT_ERRORS,
@@ -405,6 +412,11 @@ impl rdkafka::ClientContext for WorkerProducerContext {
 /// A worker has `lanes` lane partitions paused for their tenants' backlogs.
 pub fn lanes_paused(lanes: usize) {
     gauge!(LANES_PAUSED).set(lanes as f64);
+}
+
+/// A worker paused one of `tenant`'s lane partitions for its backlog.
+pub fn lane_paused(tenant: &str) {
+    counter!(LANE_PAUSES, "tenant" => tenant_label(tenant)).increment(1);
 }
 
 /// The label of `tenant`: its own for the first `MAX_TENANT_LABELS` tenants this process

@@ -600,14 +600,17 @@ impl Engine {
         topic: &str,
         p: i32,
         offset: i64,
-        progress: Option<Progress>,
+        progress: Option<&Progress>,
     ) -> Result<()> {
         let mut e = tpl.add_partition(topic, p);
         e.set_offset(Offset::Offset(offset))?;
         if topic == self.topics.jobs {
-            let progress =
-                progress.unwrap_or_else(|| self.progress.get(&p).copied().unwrap_or_default());
-            e.set_metadata(progress.encode());
+            let progress = progress.or_else(|| self.progress.get(&p));
+            let text = match progress {
+                Some(progress) => progress.encode(),
+                None => Progress::default().encode(),
+            };
+            e.set_metadata(text);
         }
         Ok(())
     }
@@ -693,15 +696,15 @@ impl Engine {
     /// Brings the restored timers of `p` that were fired plainly since they were written up to
     /// the partition's committed progress (`progress`). Returns how many it advanced.
     fn advance_to_progress(&mut self, p: i32) -> Result<usize> {
-        let progress = self.progress.get(&p).copied().unwrap_or_default();
-        let Some(fired) = progress.fired else {
+        let progress = self.progress.get(&p).cloned().unwrap_or_default();
+        let Some(upto) = progress.reach() else {
             return Ok(0);
         };
         let started = Instant::now();
         let mut due = Vec::new();
-        // The index is keyed with this node's lookahead, the mark with its maker's: every
-        // timer the mark may advance is indexed at or before its through plus the mark's lead.
-        let upto = fired.through_ms.saturating_add(fired.ahead_ms);
+        // The index is keyed with this node's lookahead, a mark with its maker's: every timer
+        // a mark (the partition's or a tenant's) may advance is indexed at or before the
+        // farthest through plus that mark's lead.
         self.store.due(p as u16, upto, usize::MAX, &mut due)?;
         let mut batch = self.store.batch();
         let mut advanced = 0;
@@ -728,7 +731,7 @@ impl Engine {
             info!(
                 partition = p,
                 advanced,
-                through_ms = fired.through_ms,
+                reach_ms = upto,
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "advanced timers fired since they were written"
             );
@@ -822,7 +825,7 @@ impl Engine {
                     self.committed.insert(tp, o);
                 }
                 for (p, progress) in &txn.progress {
-                    self.progress.insert(*p, *progress);
+                    self.progress.insert(*p, progress.clone());
                     self.committed
                         .entry((self.topics.jobs.clone(), *p))
                         .or_insert(0);
@@ -882,14 +885,14 @@ impl Engine {
     fn fence_offsets(&self, txn: &Txn) -> Result<TopicPartitionList> {
         let mut tpl = TopicPartitionList::new();
         for ((topic, p), o) in &txn.positions {
-            self.add_offset(&mut tpl, topic, *p, *o, txn.progress.get(p).copied())?;
+            self.add_offset(&mut tpl, topic, *p, *o, txn.progress.get(p))?;
         }
         // Every partition fired or changed has a progress (`flush`).
         for (p, progress) in &txn.progress {
             let key = (self.topics.jobs.clone(), *p);
             if !txn.positions.contains_key(&key) {
                 let o = self.committed.get(&key).copied().unwrap_or(0);
-                self.add_offset(&mut tpl, &key.0, *p, o, Some(*progress))?;
+                self.add_offset(&mut tpl, &key.0, *p, o, Some(progress))?;
             }
         }
         if tpl.count() == 0 {

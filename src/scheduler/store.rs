@@ -14,7 +14,7 @@
 //! A timer is indexed at its wake instant less its job's lead (`fire::Lookahead`, `wake`), so
 //! "due up to now" is what a tick at `now` may fire.
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -47,9 +47,20 @@ const CF_META: &str = "meta";
 /// Version 2 put the progress sequence in front of each timer state.
 const FORMAT: &str = "2";
 const FORMAT_KEY: &[u8] = b"format";
-/// Index entries `first_wake` walks past (the entries a transaction itself moved) before it
+/// Index entries `due_besides` walks past (the entries a transaction itself moved) before it
 /// gives up and answers "unknown".
 const FIRST_WAKE_WALK: usize = 200_000;
+/// Due entries of other jobs `due_besides` walks to learn their tenants before it gives up.
+const TENANT_WALK: usize = 20_000;
+
+/// What else is due in a partition (`Store::due_besides`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Besides {
+    Nothing,
+    /// The tenants with timers due.
+    Tenants(HashSet<String>),
+    Unknown,
+}
 
 /// Where a partition's replay of `timers` can resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,26 +204,50 @@ impl Store {
             .map_err(corrupt)
     }
 
-    /// The earliest wake instant indexed in `partition`, not counting the jobs `skip` names
-    /// (those a transaction is moving); `Some(i64::MIN)` when more than `FIRST_WAKE_WALK`
-    /// entries would have to be skipped to know. `None`: nothing else is indexed.
-    pub fn first_wake(&self, partition: u16, skip: impl Fn(&str) -> bool) -> Result<Option<i64>> {
+    /// What else is indexed at or before `now` in `partition`, not counting the jobs `skip`
+    /// names (those a transaction is moving): `Besides::Nothing`, or which tenants have such
+    /// timers. `Besides::Unknown` when more than `FIRST_WAKE_WALK` entries would have to be
+    /// skipped to know, or more than `TENANT_WALK` due entries walked.
+    /// With `all` false, it stops at the first such timer and names only its tenant.
+    pub fn due_besides(
+        &self,
+        partition: u16,
+        now: i64,
+        all: bool,
+        skip: impl Fn(&str) -> bool,
+    ) -> Result<Besides> {
         let start = due_key(partition, self.floor(partition), "");
         let iter = self.partition_iter(CF_DUE, partition, &start);
+        let mut tenants: HashSet<String> = HashSet::new();
+        let mut due = 0;
         for (walked, item) in iter.enumerate() {
-            let (k, _) = item?;
+            let (k, v) = item?;
             if k.len() < 10 || k[..2] != partition.to_be_bytes() {
                 break;
             }
-            if walked >= FIRST_WAKE_WALK {
-                return Ok(Some(i64::MIN));
+            if walked >= FIRST_WAKE_WALK || due >= TENANT_WALK {
+                return Ok(Besides::Unknown);
+            }
+            if instant_from_key(&k[2..10]) > now {
+                break;
             }
             let job = std::str::from_utf8(&k[10..]).unwrap_or_default();
-            if !skip(job) {
-                return Ok(Some(instant_from_key(&k[2..10])));
+            if skip(job) {
+                continue;
+            }
+            due += 1;
+            let tenant = String::from_utf8_lossy(&v);
+            if !tenants.contains(tenant.as_ref()) {
+                tenants.insert(tenant.into_owned());
+            }
+            if !all {
+                break;
             }
         }
-        Ok(None)
+        Ok(match tenants.is_empty() {
+            true => Besides::Nothing,
+            false => Besides::Tenants(tenants),
+        })
     }
 
     /// The keys of `cf` from `start` on, bounded to `partition`: past its last key the
@@ -634,7 +669,7 @@ mod tests {
     }
 
     #[test]
-    fn timers_keep_their_sequence_and_first_wake_skips_the_moved() {
+    fn timers_keep_their_sequence_and_due_besides_skips_the_moved() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), Default::default()).unwrap();
         let mut b = store.batch();
@@ -651,11 +686,45 @@ mod tests {
         );
         assert_eq!(store.timers_summary(3).unwrap(), (3, 9));
         assert_eq!(store.timers_summary(4).unwrap(), (0, 0));
-        assert_eq!(store.first_wake(3, |_| false).unwrap(), Some(1_000));
-        assert_eq!(store.first_wake(3, |j| j == "a").unwrap(), Some(2_000));
-        assert_eq!(store.first_wake(3, |j| j != "c").unwrap(), Some(3_000));
-        assert_eq!(store.first_wake(3, |_| true).unwrap(), None);
-        assert_eq!(store.first_wake(2, |_| false).unwrap(), None);
+        let tenants =
+            |names: &[&str]| Besides::Tenants(names.iter().map(|n| n.to_string()).collect());
+        assert_eq!(
+            store.due_besides(3, 2_000, true, |_| false).unwrap(),
+            tenants(&["t"])
+        );
+        assert_eq!(
+            store.due_besides(3, 2_000, true, |j| j != "c").unwrap(),
+            Besides::Nothing
+        );
+        assert_eq!(
+            store.due_besides(3, 999, true, |_| false).unwrap(),
+            Besides::Nothing
+        );
+        assert_eq!(
+            store.due_besides(3, 5_000, true, |_| true).unwrap(),
+            Besides::Nothing
+        );
+        assert_eq!(
+            store.due_besides(2, 5_000, true, |_| false).unwrap(),
+            Besides::Nothing
+        );
+        let mut b = store.batch();
+        let t = timer("d", "u", 1_500);
+        b.put_timer(&store, 3, &t, &encode_timer(&t), 1, None, Some(1_500));
+        store.write(b).unwrap();
+        assert_eq!(
+            store.due_besides(3, 2_000, true, |j| j == "b").unwrap(),
+            tenants(&["t", "u"])
+        );
+        assert_eq!(
+            store.due_besides(3, 2_000, true, |j| j != "d").unwrap(),
+            tenants(&["u"])
+        );
+        // Only the first: "a" (1 s) is before "d" (1.5 s).
+        assert_eq!(
+            store.due_besides(3, 2_000, false, |_| false).unwrap(),
+            tenants(&["t"])
+        );
     }
 
     /// A store of the layout before progress sequences is emptied at open (it is replayed).

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
 
@@ -12,7 +12,7 @@ use super::lane::h;
 use super::producer::TxnProducer;
 use super::progress::{FiredThrough, Progress};
 use super::restore::SEQ_HEADER;
-use super::store::{encode_timer, Batch, Store, StoreError};
+use super::store::{encode_timer, Batch, Besides, Store, StoreError};
 use super::SchedulerError;
 use crate::model::records::TimerState;
 use crate::telemetry::LagTally;
@@ -103,42 +103,94 @@ impl Txn {
     /// commit at `now`, from `committed` (each partition's progress as of the last commit):
     /// the next sequence, and "fired through `now`" (with the store's lookahead) when every
     /// timer of the partition is indexed later than `now` once this commits (those it changes,
-    /// and the first of the others in the index), and that mark fires at least as far as the
-    /// previous one (`FiredThrough::covers`).
+    /// and the others in the index), and that mark fires at least as far as the previous one
+    /// (`FiredThrough::covers`). Otherwise, the same mark for each tenant it fired plainly whose
+    /// every timer in the partition is indexed later than `now`, as far as the metadata has
+    /// room (`Progress::fits`).
     pub fn settle(
         &mut self,
         store: &Store,
         committed: &HashMap<i32, Progress>,
         now: i64,
     ) -> Result<(), StoreError> {
-        // Per partition: the jobs changed, and whether all of them wake later than `now`.
-        let mut by_partition: BTreeMap<i32, (HashSet<&str>, bool)> = (self.fired_partitions)
-            .iter()
-            .map(|p| (*p, (HashSet::new(), true)))
+        /// What a transaction changed in one partition.
+        #[derive(Default)]
+        struct Seen<'a> {
+            jobs: HashSet<&'a str>,
+            /// Every changed timer is indexed later than `now` (or not at all).
+            later: bool,
+            /// Per tenant of a changed timer: all of its changes indexed later, and whether
+            /// one was a plain fire (which a mark saves writing).
+            tenants: BTreeMap<&'a str, (bool, bool)>,
+        }
+        let mut by_partition: BTreeMap<i32, Seen> = (self.fired_partitions.iter())
+            .map(|p| (*p, Seen::default()))
             .collect();
+        for seen in by_partition.values_mut() {
+            seen.later = true;
+        }
         for ((p, job), c) in &self.changed {
-            let (jobs, later) = by_partition.entry(*p).or_insert((HashSet::new(), true));
-            jobs.insert(job.as_str());
-            *later &= (c.state.as_ref())
+            let seen = by_partition.entry(*p).or_insert_with(|| Seen {
+                later: true,
+                ..Seen::default()
+            });
+            seen.jobs.insert(job.as_str());
+            let later = (c.state.as_ref())
                 .and_then(|s| store.wake(s))
                 .is_none_or(|w| w > now);
+            seen.later &= later;
+            if let Some(state) = &c.state {
+                let t = (seen.tenants)
+                    .entry(state.definition.tenant.as_str())
+                    .or_insert((true, false));
+                t.0 &= later;
+                t.1 |= c.plain;
+            }
         }
-        for (p, (jobs, changed_later)) in &by_partition {
-            let old = committed.get(p).copied().unwrap_or_default();
+        for (p, seen) in &by_partition {
+            let old = committed.get(p).cloned().unwrap_or_default();
             let seq = old.seq + 1;
             let mark = FiredThrough {
                 through_ms: now,
                 seq,
                 ahead_ms: store.lookahead().ms,
             };
-            let fired = *changed_later
-                && old.fired.is_none_or(|f| mark.covers(&f))
-                && (store.first_wake(*p as u16, |job| jobs.contains(job))?).is_none_or(|w| w > now);
-            let fired = match fired {
-                true => Some(mark),
-                false => old.fired,
+            let mut progress = Progress {
+                seq,
+                fired: old.fired,
+                tenants: old.tenants,
             };
-            self.progress.insert(*p, Progress { seq, fired });
+            let wanted: Vec<&str> = (seen.tenants.iter())
+                .filter(|(_, (later, plain))| *later && *plain)
+                .map(|(t, _)| *t)
+                .collect();
+            if !seen.later && wanted.is_empty() {
+                self.progress.insert(*p, progress);
+                continue;
+            }
+            let skip = |job: &str| seen.jobs.contains(job);
+            let besides = store.due_besides(*p as u16, now, !wanted.is_empty(), skip)?;
+            let covers = progress.fired.is_none_or(|f| mark.covers(&f));
+            if seen.later && covers && besides == Besides::Nothing {
+                progress.fired = Some(mark);
+                progress.tenants.retain(|(_, f)| !mark.covers(f));
+            } else if besides != Besides::Unknown {
+                for tenant in wanted {
+                    if let Besides::Tenants(due) = &besides {
+                        if due.contains(tenant) {
+                            continue;
+                        }
+                    }
+                    let room = match progress.tenant(tenant) {
+                        Some(f) => mark.covers(f),
+                        None => progress.fits(tenant, &mark),
+                    };
+                    if room {
+                        progress.set_tenant(tenant, mark);
+                    }
+                }
+            }
+            self.progress.insert(*p, progress);
         }
         Ok(())
     }
@@ -158,14 +210,14 @@ impl Txn {
         let mut changed: Vec<_> = self.changed.iter().collect();
         changed.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for ((p, job), c) in changed {
-            let progress = self.progress[p];
+            let progress = &self.progress[p];
             let Some(state) = &c.state else {
                 self.batch
                     .delete_timer(store, *p as u16, job, c.stored_wake);
                 continue;
             };
             let bytes = encode_timer(state);
-            if !recorded(c.plain, progress) {
+            if !recorded(c, progress) {
                 let seq = progress.seq.to_string();
                 let record = BaseRecord::to(timers)
                     .partition(*p)
@@ -192,9 +244,11 @@ impl Txn {
 
 /// Whether a changed timer's new state is recorded by its partition's `progress` alone, so it
 /// need not be written to `timers`: it was changed only by plain fires, and the progress
-/// records "fired through" as of this very transaction.
-fn recorded(plain: bool, progress: Progress) -> bool {
-    plain && progress.fired.is_some_and(|f| f.seq == progress.seq)
+/// records "fired through" as of this very transaction, for the partition or the timer's tenant.
+fn recorded(c: &Change, progress: &Progress) -> bool {
+    let this = |f: &FiredThrough| f.seq == progress.seq;
+    let tenant = (c.state.as_ref()).and_then(|s| progress.tenant(&s.definition.tenant));
+    c.plain && (progress.fired.as_ref().is_some_and(this) || tenant.is_some_and(this))
 }
 
 #[cfg(test)]
@@ -213,8 +267,19 @@ mod tests {
             seq,
             ahead_ms: 0,
         });
-        m.insert(p, Progress { seq, fired });
+        m.insert(
+            p,
+            Progress {
+                seq,
+                fired,
+                ..Default::default()
+            },
+        );
         m
+    }
+
+    fn change<'a>(txn: &'a Txn, p: i32, job: &str) -> &'a Change {
+        &txn.changed[&(p, job.to_owned())]
     }
 
     #[test]
@@ -233,8 +298,15 @@ mod tests {
             seq: 8,
             ahead_ms: 0,
         });
-        assert_eq!(txn.progress[&3], Progress { seq: 8, fired });
-        assert!(recorded(true, txn.progress[&3]));
+        assert_eq!(
+            txn.progress[&3],
+            Progress {
+                seq: 8,
+                fired,
+                ..Default::default()
+            }
+        );
+        assert!(recorded(change(&txn, 3, "a"), &txn.progress[&3]));
     }
 
     #[test]
@@ -252,13 +324,92 @@ mod tests {
             txn.progress[&3],
             Progress {
                 seq: 8,
-                fired: before[&3].fired
+                fired: before[&3].fired,
+                ..Default::default()
             }
         );
         assert!(
-            !recorded(true, txn.progress[&3]),
+            !recorded(change(&txn, 3, "a"), &txn.progress[&3]),
             "a must be written to timers"
         );
+    }
+
+    #[test]
+    fn a_tenant_whose_timers_all_wake_later_gets_its_own_mark_while_another_is_due() {
+        let (_dir, store) = testing::store();
+        testing::put(&store, 3, [timer("a", "t", 1_000), timer("b", "u", 1_000)]);
+        let mut txn = Txn::new(store.batch());
+        // "a" (tenant t) fired plainly; "b" (tenant u) is left for the next chunk.
+        txn.fired_partitions.insert(3);
+        txn.change(3, "a", Some(timer("a", "t", 2_000)), Some(1_000), true);
+        let before = committed(3, 7, Some(500));
+        txn.settle(&store, &before, 1_000).unwrap();
+        let progress = txn.progress[&3].clone();
+        assert_eq!((progress.seq, progress.fired), (8, before[&3].fired));
+        let mark = FiredThrough {
+            through_ms: 1_000,
+            seq: 8,
+            ahead_ms: 0,
+        };
+        assert_eq!(progress.tenants, [("t".to_owned(), mark)]);
+        assert!(recorded(change(&txn, 3, "a"), &progress));
+        // A restore from here advances "a", as stored before, through the tenant's mark.
+        let old_a = timer("a", "t", 1_000);
+        assert_eq!(progress.advances(7, &old_a), Some(1_000));
+        assert_eq!(progress.advances(7, &timer("b", "u", 1_000)), None);
+
+        // Once "b" fires too, the partition's mark is made and covers the tenant's.
+        let mut committed = HashMap::new();
+        committed.insert(3, progress);
+        let mut txn = Txn::new(store.batch());
+        txn.fired_partitions.insert(3);
+        txn.change(3, "b", Some(timer("b", "u", 2_000)), Some(1_000), true);
+        // The first transaction's store batch, as its commit writes it.
+        let mut b = store.batch();
+        let a = timer("a", "t", 2_000);
+        b.put_timer(
+            &store,
+            3,
+            &a,
+            &encode_timer(&a),
+            8,
+            Some(1_000),
+            Some(2_000),
+        );
+        store.write(b).unwrap();
+        txn.settle(&store, &committed, 1_200).unwrap();
+        let progress = &txn.progress[&3];
+        assert_eq!(
+            progress.fired.map(|f| (f.through_ms, f.seq)),
+            Some((1_200, 9))
+        );
+        assert!(progress.tenants.is_empty(), "{progress:?}");
+        assert!(recorded(change(&txn, 3, "b"), progress));
+    }
+
+    #[test]
+    fn a_tenant_fired_in_part_gets_no_mark() {
+        let (_dir, store) = testing::store();
+        let timers = [
+            timer("a", "t", 1_000),
+            timer("b", "u", 1_000),
+            timer("c", "t", 1_000),
+        ];
+        testing::put(&store, 3, timers);
+        let mut txn = Txn::new(store.batch());
+        txn.fired_partitions.insert(3);
+        txn.change(3, "a", Some(timer("a", "t", 2_000)), Some(1_000), true);
+        // "b" is changed by an update, not a fire: no mark spares writing it.
+        txn.change(3, "b", Some(timer("b", "u", 2_000)), Some(1_000), false);
+        txn.settle(&store, &committed(3, 7, None), 1_000).unwrap();
+        let progress = &txn.progress[&3];
+        assert_eq!(
+            (progress.fired, progress.tenants.len()),
+            (None, 0),
+            "{progress:?}"
+        );
+        assert!(!recorded(change(&txn, 3, "a"), progress));
+        assert!(!recorded(change(&txn, 3, "b"), progress));
     }
 
     #[test]
@@ -273,7 +424,7 @@ mod tests {
             txn.progress[&3],
             Progress {
                 seq: 1,
-                fired: None
+                ..Default::default()
             }
         );
     }

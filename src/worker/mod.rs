@@ -357,6 +357,7 @@ pub async fn run(
                         tpl.add_partition(&topic, partition);
                         let _ = consumer.pause(&tpl);
                         telemetry::lanes_paused(paused.len());
+                        telemetry::lane_paused(&run.tenant);
                     }
                 }
                 let known = Known {
