@@ -606,11 +606,7 @@ impl Engine {
         e.set_offset(Offset::Offset(offset))?;
         if topic == self.topics.jobs {
             let progress = progress.or_else(|| self.progress.get(&p));
-            let text = match progress {
-                Some(progress) => progress.encode(),
-                None => Progress::default().encode(),
-            };
-            e.set_metadata(text);
+            e.set_metadata(progress.map_or_else(|| Progress::default().encode(), Progress::encode));
         }
         Ok(())
     }

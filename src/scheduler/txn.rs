@@ -117,8 +117,8 @@ impl Txn {
         #[derive(Default)]
         struct Seen<'a> {
             jobs: HashSet<&'a str>,
-            /// Every changed timer is indexed later than `now` (or not at all).
-            later: bool,
+            /// Some changed timer is indexed at or before `now`.
+            due: bool,
             /// Per tenant of a changed timer: all of its changes indexed later, and whether
             /// one was a plain fire (which a mark saves writing).
             tenants: BTreeMap<&'a str, (bool, bool)>,
@@ -126,19 +126,13 @@ impl Txn {
         let mut by_partition: BTreeMap<i32, Seen> = (self.fired_partitions.iter())
             .map(|p| (*p, Seen::default()))
             .collect();
-        for seen in by_partition.values_mut() {
-            seen.later = true;
-        }
         for ((p, job), c) in &self.changed {
-            let seen = by_partition.entry(*p).or_insert_with(|| Seen {
-                later: true,
-                ..Seen::default()
-            });
+            let seen = by_partition.entry(*p).or_default();
             seen.jobs.insert(job.as_str());
             let later = (c.state.as_ref())
                 .and_then(|s| store.wake(s))
                 .is_none_or(|w| w > now);
-            seen.later &= later;
+            seen.due |= !later;
             if let Some(state) = &c.state {
                 let t = (seen.tenants)
                     .entry(state.definition.tenant.as_str())
@@ -164,14 +158,14 @@ impl Txn {
                 .filter(|(_, (later, plain))| *later && *plain)
                 .map(|(t, _)| *t)
                 .collect();
-            if !seen.later && wanted.is_empty() {
+            if seen.due && wanted.is_empty() {
                 self.progress.insert(*p, progress);
                 continue;
             }
             let skip = |job: &str| seen.jobs.contains(job);
             let besides = store.due_besides(*p as u16, now, !wanted.is_empty(), skip)?;
             let covers = progress.fired.is_none_or(|f| mark.covers(&f));
-            if seen.later && covers && besides == Besides::Nothing {
+            if !seen.due && covers && besides == Besides::Nothing {
                 progress.fired = Some(mark);
                 progress.tenants.retain(|(_, f)| !mark.covers(f));
             } else if besides != Besides::Unknown {
