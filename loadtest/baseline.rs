@@ -10,15 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use tocsin::codec::{self, Framing};
 use tocsin::config::Config;
-use tocsin::history::{self, Known, Reporter};
 use tocsin::kafka::admin::{Admin, Cleanup, TopicSpec};
 use tocsin::model::job::JobDefinition;
-use tocsin::model::records::{FireReason, RunEventKind};
-use tocsin::scheduler::lane;
+use tocsin::model::records::FireReason;
+use tocsin::scheduler::lane::{self, LaneRecords};
 
 pub struct Baseline {
     /// Fires (record pairs) per second.
@@ -27,14 +24,6 @@ pub struct Baseline {
     pub secs: f64,
     /// The mean size (key and value) of the records it wrote.
     pub record_bytes: usize,
-}
-
-struct Fire {
-    key: Vec<u8>,
-    run: Vec<u8>,
-    run_headers: OwnedHeaders,
-    event_key: Vec<u8>,
-    event: Vec<u8>,
 }
 
 /// Produces `fires` fires of jobs made by `make(i)` (cycling over at most 50,000 distinct jobs
@@ -60,7 +49,7 @@ pub fn run(
 
     let now = crate::now_ms();
     let distinct = jobs.clamp(1, 50_000);
-    let prepared: Vec<Fire> = (0..distinct)
+    let prepared: Vec<LaneRecords> = (0..distinct)
         .map(|i| prepare(config, &make(i), now))
         .collect();
 
@@ -173,8 +162,8 @@ fn send(producer: &BaseProducer, mut record: BaseRecord<'_, [u8], [u8]>) -> Resu
     }
 }
 
-/// The records of one plain fire of `def`, built as the scheduler builds them.
-fn prepare(config: &Config, def: &JobDefinition, now: i64) -> Fire {
+/// The records of one plain fire of `def`, built by the scheduler's own builder.
+fn prepare(config: &Config, def: &JobDefinition, now: i64) -> LaneRecords {
     let instance = lane::Instance {
         scheduled_ms: now / 1000 * 1000,
         attempt: 1,
@@ -187,25 +176,5 @@ fn prepare(config: &Config, def: &JobDefinition, now: i64) -> Fire {
         assignment_epoch: 1,
         node: "n1",
     };
-    let run = lane::run(def, instance, now);
-    let event = lane::event(
-        def,
-        instance.scheduled_ms,
-        1,
-        RunEventKind::Fired,
-        now,
-        fired.node,
-    );
-    Fire {
-        key: def.id.clone().into_bytes(),
-        run: codec::encode(&run, &Framing::SingleObject),
-        run_headers: lane::headers(&run, &fired),
-        event_key: run.run_id.clone().into_bytes(),
-        event: history::encode_event(
-            config.topics.serialization.runs,
-            &event,
-            Reporter::Scheduler,
-            &Known::default(),
-        ),
-    }
+    lane::lane_records(def, instance, &fired, config.topics.serialization.runs)
 }

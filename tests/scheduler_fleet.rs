@@ -581,3 +581,72 @@ async fn nodes_with_different_lookaheads_hand_over_exactly_once() {
         seen.len()
     );
 }
+
+/// A second larger than a transaction is fired in chunks, each fired while the one before it
+/// commits. Jobs deleted or updated while their second is being fired stay deleted and
+/// updated: a chunk fired ahead of an input record that changes its jobs is fired again, never
+/// written over the change. The jobs left alone fire every second exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_changed_while_their_second_fires_in_chunks_stay_changed() {
+    let _g = SERIAL.lock().await;
+    let (mut config, dir) = setup("chunked").await;
+    config.scheduler.max_runs_per_transaction = 50;
+    let lead = config.scheduler.lookahead_ms as i64;
+    let n1 = Node::start_active(&config, dir.path(), "n1");
+    let kept = every_second_jobs(600, "acme", "k");
+    let gone = every_second_jobs(600, "acme", "g");
+    let slowed = every_second_jobs(600, "acme", "u");
+    let all: Vec<JobDefinition> = kept.iter().chain(&gone).chain(&slowed).cloned().collect();
+    let t0 = now_ms();
+    put_jobs(&config, &all).await;
+    std::thread::sleep(Duration::from_secs(5));
+    // Deletes and updates, landing while seconds are fired in 36 transactions each.
+    let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+    for (g, u) in gone.iter().zip(&slowed) {
+        changes.push((g.id.as_bytes().to_vec(), None));
+        let mut u = u.clone();
+        u.schedule = every(3000);
+        u.revision = 1;
+        let bytes = tocsin::codec::encode(&u, &tocsin::codec::Framing::SingleObject);
+        changes.push((u.id.as_bytes().to_vec(), Some(bytes)));
+    }
+    // In small batches over two seconds, so some land between a chunk fired ahead and its
+    // transaction.
+    for batch in changes.chunks(60) {
+        produce_raw(&config, "jobs", batch).await;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let changed_at = now_ms();
+    std::thread::sleep(Duration::from_secs(5));
+    let t_end = now_ms();
+    n1.stop();
+    let seen = audit(&config, Duration::from_secs(3));
+    assert_exactly_once(&seen, &kept, t0 + 3_000, t_end - 2_000);
+    // After the change was applied (a tick of slack), beyond the runs fired ahead before it.
+    let after = changed_at + 1_000 + lead;
+    let resurrected: Vec<(String, i64)> = seen
+        .iter()
+        .filter(|s| s.run.scheduled_ms > after)
+        .filter(|s| {
+            s.run.job_id.starts_with("g-")
+                || (s.run.job_id.starts_with("u-") && s.run.scheduled_ms % 3000 != 0)
+        })
+        .map(|s| (s.run.job_id.clone(), s.run.scheduled_ms))
+        .collect();
+    assert!(
+        resurrected.is_empty(),
+        "{} runs of deleted or updated jobs fired as before the change (changed at \
+         {changed_at}), e.g. {:?}",
+        resurrected.len(),
+        &resurrected[..resurrected.len().min(10)]
+    );
+    let updated = seen
+        .iter()
+        .filter(|s| s.run.job_id.starts_with("u-") && s.run.scheduled_ms > after)
+        .count();
+    assert!(updated > 0, "the updated jobs stopped firing");
+    println!(
+        "chunked: {} runs, changed at {changed_at}, {updated} runs of updated jobs after it",
+        seen.len()
+    );
+}

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::BaseRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -21,10 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::fire::{self, FireLimits};
+use super::firing::{guarded, is_record_fault, Fault, Firing, Prepared};
 use super::ingest::{self, ControlChange, JobChange, Lanes, Schedules};
 use super::lifecycle::{Action, Event, Lifecycle};
-use super::output::{FiredFrom, Output};
-use super::producer::{fenced, refuses_code, Refusals, TxnProducer, TXN_TIMEOUT};
+use super::output::{Out, Output};
+use super::producer::{fenced, Refusals, TxnProducer, TXN_TIMEOUT};
 use super::progress::Progress;
 use super::restore::{Mark, Replay};
 use super::scan::{self, SCAN_LIMIT};
@@ -34,7 +34,7 @@ use super::txn::Txn;
 use super::SchedulerError;
 use crate::codec::{self, Framing};
 use crate::config::Config;
-use crate::kafka::admin::{Admin, AdminError};
+use crate::kafka::admin::Admin;
 use crate::model::records::TimerState;
 use crate::model::validate::Limits;
 use crate::node::{NodeStatus, NowFn, IDLE_READY_AFTER};
@@ -109,6 +109,15 @@ struct Topics {
 /// them.
 type FetchAnswer = (TopicPartitionList, HashMap<i32, Mark>);
 
+/// What a transaction carried, for its log line.
+struct Shape {
+    records: usize,
+    due: usize,
+    now: i64,
+    started: Instant,
+    fill_ms: u64,
+}
+
 pub struct Engine {
     config: Config,
     node_id: String,
@@ -134,6 +143,9 @@ pub struct Engine {
     /// Lanes, `runs`, `dead`, `jobs.rejected` and direct delivery.
     output: Output,
     assignments: u64,
+    /// Partitions released so far: with `assignments`, what a chunk fired ahead was fired
+    /// against (`Prepared::epoch`).
+    releases: u64,
     /// The (assignments, owned, active) the node's view was last published at.
     published: Option<(u64, usize, usize)>,
     /// When each partition restoring now was assigned.
@@ -228,6 +240,7 @@ impl Engine {
             committed: HashMap::new(),
             schedules: Schedules::default(),
             assignments: 0,
+            releases: 0,
             restore_started: HashMap::new(),
             published: None,
             assigned_once: false,
@@ -307,7 +320,7 @@ impl Engine {
             self.poll_restore()?;
         }
         if !batch.is_empty() {
-            self.transact(batch, &[])?;
+            self.transact(batch)?;
         }
         self.output.create_wanted_lanes();
         let now = (self.now)();
@@ -464,6 +477,7 @@ impl Engine {
     }
 
     fn release(&mut self, p: i32) {
+        self.releases += 1;
         match self.parts.remove(&p) {
             Some(part) if !part.is_active() => {
                 let _ = self.replay.unassign(p);
@@ -680,7 +694,7 @@ impl Engine {
         self.fencer.settled(p);
         telemetry::partition_active(p, timers, advanced, took);
         if !buffered.is_empty() {
-            self.transact(buffered, &[])?;
+            self.transact(buffered)?;
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.topics.jobs, p);
@@ -754,12 +768,24 @@ impl Engine {
                 scan_ms = round.took.as_millis() as u64,
                 "due scanned"
             );
-            for due in round.due.chunks(chunk) {
-                self.transact(Vec::new(), due)?;
-                // Keep serving the group between chunks of a herd.
+            // Each chunk's transaction fires the next one while it commits (`firing`).
+            let chunks: Vec<&[DueEntry]> = round.due.chunks(chunk).collect();
+            let mut ahead: Option<Prepared> = None;
+            for (i, due) in chunks.iter().enumerate() {
+                let prepared = match ahead.take() {
+                    Some(p) if p.epoch == self.epoch() => p,
+                    _ => {
+                        let (now, epoch) = ((self.now)(), self.epoch());
+                        self.firing().0.prepare(due, now, epoch)?
+                    }
+                };
+                ahead = self.transact_prepared(prepared, chunks.get(i + 1).copied())?;
+                // Keep serving the group between chunks of a herd. What it brings may change
+                // the jobs of the chunk fired ahead: that is fired again.
                 let more = self.poll_group(Duration::ZERO)?;
                 if !more.is_empty() {
-                    self.transact(more, &[])?;
+                    self.transact(more)?;
+                    ahead = None;
                 }
             }
             Ok(round
@@ -772,25 +798,178 @@ impl Engine {
         Ok(())
     }
 
-    /// One transaction: apply consumed `jobs`/`control` records and fire due entries, commit
-    /// the consumed positions with it (the fence), then apply the RocksDB batch.
-    fn transact(&mut self, records: Vec<OwnedMessage>, due: &[DueEntry]) -> Result<()> {
+    /// One transaction of consumed `jobs`/`control` records: apply them, commit the consumed
+    /// positions with them (the fence), then apply the RocksDB batch.
+    fn transact(&mut self, records: Vec<OwnedMessage>) -> Result<()> {
         let now = (self.now)();
         let started = Instant::now();
         self.producer.begin()?;
         let mut txn = Txn::new(self.store.batch());
         let filled = self
-            .fill(&mut txn, &records, due, now)
+            .fill(&mut txn, &records, now)
             .and_then(|()| self.flush(&mut txn, now));
         let fill_ms = started.elapsed().as_millis() as u64;
         let result = filled.and_then(|()| {
             let offsets = self.fence_offsets(&txn)?;
             self.commit(&offsets)
         });
+        let shape = Shape {
+            records: records.len(),
+            due: 0,
+            now,
+            started,
+            fill_ms,
+        };
+        self.conclude(txn, result, shape)
+    }
+
+    /// The transaction of a chunk of due entries fired ahead (`firing`): its records sent, the
+    /// entries left to fire in it fired, its positions committed, then its RocksDB batch
+    /// applied. While it commits, the `next` chunk is fired, and returned.
+    fn transact_prepared(
+        &mut self,
+        prepared: Prepared,
+        next: Option<&[DueEntry]>,
+    ) -> Result<Option<Prepared>> {
+        let started = Instant::now();
+        self.producer.begin()?;
+        let Prepared {
+            mut txn,
+            now,
+            out,
+            jobs,
+            slow,
+            due,
+            ..
+        } = prepared;
+        let filled = self
+            .emit(&mut txn, out, &jobs, &slow, now)
+            .and_then(|()| self.flush(&mut txn, now));
+        let fill_ms = started.elapsed().as_millis() as u64;
+        let (result, ahead) = match filled.and_then(|()| self.fence_offsets(&txn)) {
+            Err(e) => (Err(e), None),
+            Ok(offsets) => match next {
+                None => (self.commit(&offsets), None),
+                Some(next) => self.commit_and_prepare(&offsets, next),
+            },
+        };
+        let shape = Shape {
+            records: 0,
+            due,
+            now,
+            started,
+            fill_ms,
+        };
+        self.conclude(txn, result, shape)?;
+        ahead.transpose()
+    }
+
+    /// Commits the open transaction on a thread of its own while this one fires `next`.
+    fn commit_and_prepare(
+        &mut self,
+        offsets: &TopicPartitionList,
+        next: &[DueEntry],
+    ) -> (Result<()>, Option<Result<Prepared>>) {
+        let group = self.group.group_metadata();
+        let (now, epoch) = ((self.now)(), self.epoch());
+        let (mut firing, producer) = self.firing();
+        std::thread::scope(|s| {
+            let commit = s.spawn(|| producer.commit(offsets, group));
+            let ahead = firing.prepare(next, now, epoch);
+            let committed = commit
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (committed, Some(ahead))
+        })
+    }
+
+    /// What firing works with, and the producer beside it (borrowed apart, so a commit can run
+    /// while the next chunk fires).
+    fn firing(&mut self) -> (Firing<'_>, &TxnProducer) {
+        let limits = FireLimits {
+            misfire_threshold_ms: self.config.scheduler.misfire_threshold_ms as i64,
+            max_runs: self.config.scheduler.max_runs_per_job_per_tick,
+            completes_at_fire: false,
+        };
+        let firing = Firing {
+            store: &self.store,
+            parts: &self.parts,
+            schedules: &mut self.schedules,
+            output: &mut self.output,
+            suspects: &self.suspects,
+            limits,
+            assignments: self.assignments,
+        };
+        (firing, &self.producer)
+    }
+
+    /// What a chunk fired ahead is valid for: no partition assigned or released since.
+    fn epoch(&self) -> (u64, u64) {
+        (self.assignments, self.releases)
+    }
+
+    /// Sends the records of the entries fired ahead (a job whose record is refused for what it
+    /// is is set aside), then fires the entries left to fire in the transaction.
+    fn emit(
+        &mut self,
+        txn: &mut Txn,
+        out: Vec<(u32, Out)>,
+        jobs: &[(i32, String)],
+        slow: &[DueEntry],
+        now: i64,
+    ) -> Result<()> {
+        let mut refused = None;
+        for (at, o) in out {
+            if refused == Some(at) {
+                continue;
+            }
+            if let Err(e) = self.output.send(&self.producer, o) {
+                if !is_record_fault(&e) {
+                    return Err(e);
+                }
+                let (p, job) = &jobs[at as usize];
+                self.quarantine_timer(txn, *p, job, e.to_string())?;
+                refused = Some(at);
+            }
+        }
+        for e in slow {
+            let p = e.partition as i32;
+            if !self.parts.get(&p).is_some_and(|l| l.is_active()) {
+                continue;
+            }
+            if let Some(reason) = self.set_aside(&e.job) {
+                self.quarantine_timer(txn, p, &e.job, reason)?;
+                continue;
+            }
+            let fired = guarded(|| {
+                let mut out = Vec::new();
+                self.firing().0.fire_entry(txn, e, now, &mut out)?;
+                out.into_iter()
+                    .try_for_each(|o| self.output.send(&self.producer, o))
+            });
+            match fired {
+                Ok(()) => {}
+                Err(Fault::Record(reason)) => self.quarantine_timer(txn, p, &e.job, reason)?,
+                Err(Fault::Step(e)) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a transaction by `result`: on commit, its RocksDB batch applied and the node's view
+    /// of what is committed moved on; on failure, aborted and its input read again.
+    fn conclude(&mut self, mut txn: Txn, result: Result<()>, shape: Shape) -> Result<()> {
+        let Shape {
+            records,
+            due,
+            now,
+            started,
+            fill_ms,
+        } = shape;
         let elapsed = started.elapsed();
         debug!(
-            records = records.len(),
-            due = due.len(),
+            records,
+            due,
             runs = txn.runs,
             timers_written = txn.timers_sent,
             fill_ms,
@@ -910,13 +1089,7 @@ impl Engine {
         txn.write_timers(&self.store, &self.producer, &self.topics.timers)
     }
 
-    fn fill(
-        &mut self,
-        txn: &mut Txn,
-        records: &[OwnedMessage],
-        due: &[DueEntry],
-        now: i64,
-    ) -> Result<()> {
+    fn fill(&mut self, txn: &mut Txn, records: &[OwnedMessage], now: i64) -> Result<()> {
         for m in records {
             txn.positions
                 .insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
@@ -938,92 +1111,6 @@ impl Engine {
                 Err(Fault::Step(e)) => return Err(e),
             }
         }
-        let limits = FireLimits {
-            misfire_threshold_ms: self.config.scheduler.misfire_threshold_ms as i64,
-            max_runs: self.config.scheduler.max_runs_per_job_per_tick,
-            completes_at_fire: false,
-        };
-        for e in due {
-            let p = e.partition as i32;
-            if !self.parts.get(&p).is_some_and(|l| l.is_active()) {
-                continue;
-            }
-            if let Some(reason) = self.set_aside(&e.job) {
-                self.quarantine_timer(txn, p, &e.job, reason)?;
-                continue;
-            }
-            match guarded(|| self.fire_entry(txn, e, now, limits)) {
-                Ok(()) => {}
-                Err(Fault::Record(reason)) => self.quarantine_timer(txn, p, &e.job, reason)?,
-                Err(Fault::Step(e)) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Fires one due entry: its runs, skipped events and new timer state.
-    fn fire_entry(
-        &mut self,
-        txn: &mut Txn,
-        e: &DueEntry,
-        now: i64,
-        limits: FireLimits,
-    ) -> Result<()> {
-        let p = e.partition as i32;
-        let Some(mut state) = self.load(txn, p, &e.job)? else {
-            // A stale index entry (the job was deleted): drop it.
-            txn.batch
-                .delete_timer(&self.store, e.partition, &e.job, Some(e.wake_ms));
-            return Ok(());
-        };
-        let old_wake = self.store.wake(&state);
-        if old_wake != Some(e.wake_ms) {
-            return Ok(()); // changed earlier in this transaction; the index follows the state
-        }
-        let Some(schedule) = self.schedules.of(&state.definition) else {
-            return Ok(());
-        };
-        // A job fired ahead is fired through its horizon; its lateness is still measured from
-        // the clock.
-        let lead = self.store.lookahead().of(&state.definition);
-        let horizon = now.saturating_add(lead);
-        let limits = FireLimits {
-            completes_at_fire: self.output.delivers(&state.definition),
-            misfire_threshold_ms: limits.misfire_threshold_ms.saturating_add(lead),
-            ..limits
-        };
-        let before = fire::Plain::of(&state);
-        #[cfg(debug_assertions)]
-        let replayed = {
-            let mut s = state.clone();
-            fire::advance(&mut s, &schedule, horizon);
-            s
-        };
-        let fired = fire::fire_due(&mut state, &schedule, horizon, limits);
-        let plain = fire::fired_plainly(before, &state, &fired, horizon);
-        #[cfg(debug_assertions)]
-        if plain {
-            assert_eq!(replayed, state, "a plain fire must be what advance replays");
-        }
-        let from = FiredFrom {
-            partition: p,
-            assignment_epoch: self.assignments,
-        };
-        for d in &fired.runs {
-            (self.output).run(&self.producer, &state, d, from, now)?;
-            // Fired ahead: not late (the lane's lead is measured by the load test).
-            txn.lags
-                .add((now - d.scheduled_ms).max(0), &state.definition.tenant);
-        }
-        for s in &fired.skipped {
-            (self.output).skipped(&self.producer, &state.definition, *s, now)?;
-        }
-        if fired.missed > 0 {
-            metrics::counter!("tocsin_instants_missed_total").increment(fired.missed);
-        }
-        txn.runs += fired.runs.len() as u64;
-        txn.fired_partitions.insert(p);
-        txn.change(p, &e.job, Some(state), old_wake, plain);
         Ok(())
     }
 
@@ -1151,49 +1238,6 @@ impl Engine {
             &reason,
             &source,
         )
-    }
-}
-
-/// How one item of a transaction (an input record, a due entry) failed.
-enum Fault {
-    /// Because of what the item is: it is set aside and the transaction goes on.
-    Record(String),
-    /// For a reason of the node or the broker: the whole step is retried.
-    Step(SchedulerError),
-}
-
-/// Runs one item's processing, telling the errors that belong to the item (a record the
-/// broker or librdkafka refuses for its size or topic, a lane that cannot be created, a
-/// panic in schedule code) from those that belong to the node.
-fn guarded(f: impl FnOnce() -> Result<()>) -> std::result::Result<(), Fault> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if is_record_fault(&e) => Err(Fault::Record(e.to_string())),
-        Ok(Err(e)) => Err(Fault::Step(e)),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(Fault::Record(format!("internal error (panic): {what}")))
-        }
-    }
-}
-
-/// Errors caused by the record itself: retrying cannot help, and every other job in the
-/// transaction would fail with it.
-fn is_record_fault(e: &SchedulerError) -> bool {
-    match e {
-        SchedulerError::Kafka(KafkaError::MessageProduction(code)) => refuses_code(*code),
-        SchedulerError::Admin(AdminError::Create { code, .. }) => matches!(
-            code,
-            RDKafkaErrorCode::InvalidTopic
-                | RDKafkaErrorCode::PolicyViolation
-                | RDKafkaErrorCode::InvalidConfig
-                | RDKafkaErrorCode::TopicAuthorizationFailed
-        ),
-        _ => false,
     }
 }
 

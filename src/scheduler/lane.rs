@@ -5,7 +5,9 @@
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::history::{NODE_HEADER, NOT_BEFORE_HEADER};
+use crate::codec::{self, Framing};
+use crate::config::Serialization;
+use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER};
 use crate::model::job::JobDefinition;
 use crate::model::records::{run_id, FireReason, Run, RunEvent, RunEventKind};
 
@@ -72,6 +74,42 @@ pub fn headers(run: &Run, fired: &Fired<'_>) -> OwnedHeaders {
         ))
 }
 
+/// The two records of a run fired into its lane: the `Run` itself (keyed by its job, with its
+/// `headers`) and its `fired` event on `runs` (keyed by the run), encoded as `runs` is
+/// (`events`).
+pub struct LaneRecords {
+    pub key: Vec<u8>,
+    pub run: Vec<u8>,
+    pub run_headers: OwnedHeaders,
+    pub event_key: Vec<u8>,
+    pub event: Vec<u8>,
+}
+
+/// The records of `instance` of `def`, fired as `fired` says.
+pub fn lane_records(
+    def: &JobDefinition,
+    instance: Instance,
+    fired: &Fired<'_>,
+    events: Serialization,
+) -> LaneRecords {
+    let run = run(def, instance, fired.fire_ms);
+    let event = event(
+        def,
+        instance.scheduled_ms,
+        instance.attempt,
+        RunEventKind::Fired,
+        fired.fire_ms,
+        fired.node,
+    );
+    LaneRecords {
+        key: def.id.as_bytes().to_vec(),
+        run: codec::encode(&run, &Framing::SingleObject),
+        run_headers: headers(&run, fired),
+        event: history::encode_event(events, &event, Reporter::Scheduler, &Known::default()),
+        event_key: event.run_id.into_bytes(),
+    }
+}
+
 /// An event of the run of `def` scheduled at `scheduled_ms`, happening at `at_ms` on `node`.
 pub fn event(
     def: &JobDefinition,
@@ -87,6 +125,22 @@ pub fn event(
         tenant: def.tenant.clone(),
         scheduled_ms,
         attempt,
+        kind,
+        at_ms,
+        node: node.to_owned(),
+        error: None,
+        duration_ms: None,
+    }
+}
+
+/// An event of `run`, happening at `at_ms` on `node`.
+pub fn event_of(run: &Run, kind: RunEventKind, at_ms: i64, node: &str) -> RunEvent {
+    RunEvent {
+        run_id: run.run_id.clone(),
+        job_id: run.job_id.clone(),
+        tenant: run.tenant.clone(),
+        scheduled_ms: run.scheduled_ms,
+        attempt: run.attempt,
         kind,
         at_ms,
         node: node.to_owned(),

@@ -8,6 +8,7 @@
 
 mod deliver;
 mod engine;
+mod firing;
 mod ingest;
 mod output;
 mod producer;

@@ -19,7 +19,6 @@ use super::ingest::{self, Lanes};
 use super::lane::{self, h};
 use super::producer::TxnProducer;
 use super::SchedulerError;
-use crate::codec::{self, Framing};
 use crate::config::{Config, KafkaDelivery, SerializationConfig};
 use crate::history::{self, Known, Reporter};
 use crate::model::job::{HandlerKind, JobDefinition};
@@ -33,6 +32,20 @@ pub struct FiredFrom {
     pub partition: i32,
     /// The node's assignment count when it fired.
     pub assignment_epoch: u64,
+}
+
+/// What a fired run or skipped instant writes, built before it is sent (`Output::send`), so a
+/// chunk of a herd can be fired while the transaction before it commits.
+pub enum Out {
+    /// A run into its tenant's lane, with its `fired` event.
+    Lane {
+        lane: String,
+        records: lane::LaneRecords,
+    },
+    /// A run of a `kafka` job the node writes into its target itself (`Output::deliver`).
+    Deliver(Box<Run>),
+    /// An event on `runs` (key, value).
+    Event((Vec<u8>, Vec<u8>)),
 }
 
 pub struct Output {
@@ -109,27 +122,25 @@ impl Output {
         }
     }
 
-    /// A fired run `d` of `state`'s job: into its lane with its `fired` event, or delivered.
-    pub fn run(
+    /// The records of a fired run `d` of `state`'s job: into its lane with its `fired` event,
+    /// or delivered (`deliver`). Built before its transaction may be open; `send` writes them.
+    pub fn fired(
         &mut self,
-        producer: &TxnProducer,
         state: &TimerState,
         d: &fire::Due,
         from: FiredFrom,
         now: i64,
-    ) -> Result<()> {
+    ) -> Result<Out> {
         let def = &state.definition;
         let instance = lane::Instance {
             scheduled_ms: d.scheduled_ms,
             attempt: d.attempt,
             reason: d.reason,
         };
-        let run = lane::run(def, instance, now);
         if self.delivers(def) {
-            return self.deliver(producer, state, &run, now);
+            return Ok(Out::Deliver(Box::new(lane::run(def, instance, now))));
         }
         let lane = self.lanes.ensure(&def.tenant)?;
-        let bytes = codec::encode(&run, &Framing::SingleObject);
         let fired = lane::Fired {
             fire_ms: now,
             not_before_ms: d.not_before_ms,
@@ -137,30 +148,37 @@ impl Output {
             assignment_epoch: from.assignment_epoch,
             node: &self.node_id,
         };
-        let record = BaseRecord::to(&lane)
-            .key(def.id.as_bytes())
-            .payload(&bytes)
-            .headers(lane::headers(&run, &fired));
-        producer.send(record).map_err(|(e, _)| e)?;
-        self.event(
-            producer,
-            def,
-            d.scheduled_ms,
-            d.attempt,
-            RunEventKind::Fired,
-            now,
-        )
+        let records = lane::lane_records(def, instance, &fired, self.serialization.runs);
+        Ok(Out::Lane { lane, records })
     }
 
-    /// An instant of `def` skipped (its overlap policy), as a `skipped` event.
-    pub fn skipped(
-        &mut self,
-        producer: &TxnProducer,
-        def: &JobDefinition,
-        scheduled_ms: i64,
-        now: i64,
-    ) -> Result<()> {
-        self.event(producer, def, scheduled_ms, 1, RunEventKind::Skipped, now)
+    /// The `skipped` event of an instant of `def` skipped (its overlap policy).
+    pub fn skipped(&self, def: &JobDefinition, scheduled_ms: i64, now: i64) -> Out {
+        let event = lane::event(
+            def,
+            scheduled_ms,
+            1,
+            RunEventKind::Skipped,
+            now,
+            &self.node_id,
+        );
+        Out::Event(self.event_record(&event, &Known::default()))
+    }
+
+    /// Writes `out` in the open transaction.
+    pub fn send(&mut self, producer: &TxnProducer, out: Out) -> Result<()> {
+        match out {
+            Out::Lane { lane, records } => {
+                let record = BaseRecord::to(&lane)
+                    .key(&records.key[..])
+                    .payload(&records.run[..])
+                    .headers(records.run_headers);
+                producer.send(record).map_err(|(e, _)| e)?;
+                self.send_event(producer, records.event_key, records.event)
+            }
+            Out::Deliver(run) => self.deliver(producer, &run),
+            Out::Event((key, payload)) => self.send_event(producer, key, payload),
+        }
     }
 
     /// One record on `jobs.rejected` (`ingest::rejected_copy`).
@@ -190,13 +208,8 @@ impl Output {
     /// Writes a `kafka` job's run into its target topic, in this transaction, with its
     /// `succeeded` event; or, when the target is missing or refuses it, the run's dead letter
     /// and `dead` event. Either way the run is over when the transaction commits.
-    fn deliver(
-        &mut self,
-        producer: &TxnProducer,
-        state: &TimerState,
-        run: &Run,
-        now: i64,
-    ) -> Result<()> {
+    fn deliver(&mut self, producer: &TxnProducer, run: &Run) -> Result<()> {
+        let now = run.fire_ms;
         let topic = run.handler.target.as_str();
         let refused = match self.dead_targets.get(&run.job_id) {
             Some(reason) => Some(reason.clone()),
@@ -227,14 +240,7 @@ impl Output {
         } else {
             RunEventKind::Succeeded
         };
-        let mut event = lane::event(
-            &state.definition,
-            run.scheduled_ms,
-            run.attempt,
-            kind,
-            now,
-            &self.node_id,
-        );
+        let mut event = lane::event_of(run, kind, now, &self.node_id);
         if let Some(error) = refused {
             warn!(job = %run.job_id, run = %run.run_id, error = %error, "run sent to dead");
             metrics::counter!("tocsin_runs_dead_total", "reason" => "target").increment(1);
@@ -257,28 +263,21 @@ impl Output {
             fired_ms: Some(run.fire_ms),
             ..Known::default()
         };
-        self.send_event(producer, &event, &known)
+        let (key, payload) = self.event_record(&event, &known);
+        self.send_event(producer, key, payload)
     }
 
-    fn event(
-        &self,
-        producer: &TxnProducer,
-        def: &JobDefinition,
-        scheduled_ms: i64,
-        attempt: u32,
-        kind: RunEventKind,
-        now: i64,
-    ) -> Result<()> {
-        let event = lane::event(def, scheduled_ms, attempt, kind, now, &self.node_id);
-        self.send_event(producer, &event, &Known::default())
-    }
-
-    fn send_event(&self, producer: &TxnProducer, event: &RunEvent, known: &Known) -> Result<()> {
+    /// The key and value of `event` on `runs`.
+    fn event_record(&self, event: &RunEvent, known: &Known) -> (Vec<u8>, Vec<u8>) {
         let bytes =
             history::encode_event(self.serialization.runs, event, Reporter::Scheduler, known);
+        (event.run_id.as_bytes().to_vec(), bytes)
+    }
+
+    fn send_event(&self, producer: &TxnProducer, key: Vec<u8>, payload: Vec<u8>) -> Result<()> {
         let record = BaseRecord::to(&self.runs)
-            .key(event.run_id.as_bytes())
-            .payload(&bytes);
+            .key(&key[..])
+            .payload(&payload[..]);
         producer.send(record).map_err(|(e, _)| e)?;
         Ok(())
     }

@@ -259,7 +259,7 @@ impl TxnProducer {
     /// Sends `offsets` to the transaction (the group fence) and commits it; a record whose
     /// delivery failed fails the commit.
     pub fn commit(
-        &mut self,
+        &self,
         offsets: &TopicPartitionList,
         group: Option<ConsumerGroupMetadata>,
     ) -> Result<()> {
