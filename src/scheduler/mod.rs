@@ -10,7 +10,10 @@ mod deliver;
 mod engine;
 mod firing;
 mod ingest;
+mod intake;
+mod ledger;
 mod output;
+mod partitions;
 mod producer;
 mod restore;
 mod scan;
@@ -56,6 +59,15 @@ pub enum SchedulerError {
     Delivery(String),
     #[error("scheduler thread panicked")]
     Panicked,
+}
+
+/// The names of the topics a node reads and writes.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub jobs: String,
+    pub timers: String,
+    pub control: String,
+    pub runs: String,
 }
 
 /// Runs a scheduler node until `shutdown` is cancelled.
