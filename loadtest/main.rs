@@ -26,6 +26,11 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
+// As `tocsin` itself: the in-process worker (`steady --worker`) and the baseline then allocate
+// as a `tocsin worker` and a node do.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Jobs spread so that `--rate` runs fall due every second, for `--duration-s`.

@@ -17,7 +17,7 @@ use tocsin::codec::{self, Framing};
 use tocsin::model::job::{
     HandlerKind, HandlerSpec, JobDefinition, OverlapPolicy, RetryPolicy, ScheduleSpec,
 };
-use tocsin::model::records::{DeadLetter, FireReason, Run, RunEvent, RunEventKind};
+use tocsin::model::records::{ControlRecord, DeadLetter, FireReason, Run, RunEvent, RunEventKind};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -294,10 +294,13 @@ async fn overlap_skip_runs_a_slow_job_once_per_run_and_reports_the_skipped() {
     slow.handler = exec("sleep 3");
     slow.timeout_ms = 30_000;
     slow.overlap = OverlapPolicy::Skip;
+    // Beside it, a job that may overlap: nothing waits for its runs to complete.
+    let mut free = job("free", "acme", every(1_000));
+    free.handler = exec("true");
     let _node = Node::start(&config, dir.path(), "s1");
     let _w = Node::worker(&config, dir.path(), "w1", "p");
     std::thread::sleep(Duration::from_secs(3));
-    put_jobs(&config, &[slow]).await;
+    put_jobs(&config, &[slow, free]).await;
     std::thread::sleep(Duration::from_secs(20));
     let ev = events(&config, Duration::from_millis(500));
     let of = |kind| -> Vec<&RunEvent> {
@@ -344,6 +347,40 @@ async fn overlap_skip_runs_a_slow_job_once_per_run_and_reports_the_skipped() {
             "a skipped instant ran"
         );
     }
+    // The worker reports a completion on `control` for each run of the job its scheduler
+    // waits for (overlap `skip`), and none for the job that may overlap, whose runs ran too.
+    let control = read_all(&config, "control", Duration::from_millis(500));
+    let completed = |job: &str| {
+        control
+            .iter()
+            .filter(|(k, v)| {
+                k.as_slice() == job.as_bytes()
+                    && matches!(
+                        codec::decode::<ControlRecord>(v),
+                        Ok(ControlRecord::Completion { .. })
+                    )
+            })
+            .count()
+    };
+    let free_ran = ev
+        .iter()
+        .filter(|e| e.job_id == "free" && e.kind == RunEventKind::Succeeded)
+        .count();
+    assert!(
+        free_ran >= 10,
+        "{free_ran} runs of the job that may overlap"
+    );
+    assert!(
+        completed("slow") >= succeeded.len().saturating_sub(1),
+        "{} completions for {} runs of the skip job",
+        completed("slow"),
+        succeeded.len()
+    );
+    assert_eq!(
+        completed("free"),
+        0,
+        "completions of a job nothing waits for"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

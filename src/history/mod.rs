@@ -27,6 +27,22 @@ pub const NODE_HEADER: &str = "tocsin-node";
 /// they may start at once.
 pub const NOT_BEFORE_HEADER: &str = "tocsin-not-before-ms";
 
+/// The lane record's header with the job's overlap policy when it fired (`allow`, `skip`,
+/// `buffer_one`). Only a run fired under `skip` or `buffer_one` is waited for by its
+/// scheduler, so a worker reports the completion on `control` for those alone; a record
+/// without it (an older node's) is reported as before.
+pub const OVERLAP_HEADER: &str = "tocsin-overlap";
+
+/// The value of [`OVERLAP_HEADER`] for `policy`: its name in job definitions.
+pub fn overlap_name(policy: crate::model::job::OverlapPolicy) -> &'static str {
+    use crate::model::job::OverlapPolicy;
+    match policy {
+        OverlapPolicy::Allow => "allow",
+        OverlapPolicy::Skip => "skip",
+        OverlapPolicy::BufferOne => "buffer_one",
+    }
+}
+
 /// The consumer group of the history sink that `scripts/connect` runs for `topic_prefix`:
 /// Connect names a sink's group `connect-<connector name>`, and the script names the connector
 /// `tocsin-runs-<prefix>`, each character outside `[A-Za-z0-9_-]` written `_` (an empty prefix

@@ -7,8 +7,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::codec::{self, Framing};
 use crate::config::Serialization;
-use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER};
-use crate::model::job::JobDefinition;
+use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER, OVERLAP_HEADER};
+use crate::model::job::{JobDefinition, OverlapPolicy};
 use crate::model::records::{run_id, FireReason, Run, RunEvent, RunEventKind};
 
 /// One instant of a job to run.
@@ -49,9 +49,9 @@ pub fn run(def: &JobDefinition, instance: Instance, fire_ms: i64) -> Run {
     }
 }
 
-/// The headers of a run's lane record.
-pub fn headers(run: &Run, fired: &Fired<'_>) -> OwnedHeaders {
-    OwnedHeaders::new_with_capacity(8)
+/// The headers of a run's lane record, of a job whose overlap policy is `overlap`.
+pub fn headers(run: &Run, overlap: OverlapPolicy, fired: &Fired<'_>) -> OwnedHeaders {
+    OwnedHeaders::new_with_capacity(9)
         .insert(h("tocsin-run-id", run.run_id.as_bytes()))
         .insert(h(
             "tocsin-scheduled-ms",
@@ -72,6 +72,7 @@ pub fn headers(run: &Run, fired: &Fired<'_>) -> OwnedHeaders {
             NOT_BEFORE_HEADER,
             fired.not_before_ms.to_string().as_bytes(),
         ))
+        .insert(h(OVERLAP_HEADER, history::overlap_name(overlap).as_bytes()))
 }
 
 /// The two records of a run fired into its lane: the `Run` itself (keyed by its job, with its
@@ -104,7 +105,7 @@ pub fn lane_records(
     LaneRecords {
         key: def.id.as_bytes().to_vec(),
         run: codec::encode(&run, &Framing::SingleObject),
-        run_headers: headers(&run, fired),
+        run_headers: headers(&run, def.overlap, fired),
         event: history::encode_event(events, &event, Reporter::Scheduler, &Known::default()),
         event_key: event.run_id.into_bytes(),
     }
@@ -180,7 +181,7 @@ mod tests {
             assignment_epoch: 3,
             node: "n1",
         };
-        let headers = headers(&run, &fired);
+        let headers = headers(&run, OverlapPolicy::BufferOne, &fired);
         let got: Vec<(String, String)> = headers
             .iter()
             .map(|h| {
@@ -197,6 +198,7 @@ mod tests {
             ("tocsin-assignment-epoch", "3"),
             (NODE_HEADER, "n1"),
             (NOT_BEFORE_HEADER, "61000"),
+            (OVERLAP_HEADER, "buffer_one"),
         ];
         let want: Vec<(String, String)> = want
             .iter()

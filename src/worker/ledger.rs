@@ -97,6 +97,14 @@ fn options() -> Options {
     // Each open starts a new info log: keep few, so reopening on a small disk does not fill it.
     opts.set_keep_log_file_num(2);
     opts.set_max_log_file_size(1 << 20);
+    // Nearly every lookup is of a run the ledger has not seen (its first delivery): bloom
+    // filters answer those without walking the memtable or reading the files' blocks.
+    opts.set_memtable_prefix_bloom_ratio(0.1);
+    opts.set_memtable_whole_key_filtering(true);
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    table.set_whole_key_filtering(true);
+    opts.set_block_based_table_factory(&table);
     opts
 }
 

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 use crate::codec::{self, Framing};
 use crate::config::Config;
-use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER};
+use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER, OVERLAP_HEADER};
 use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
 use crate::node::NowFn;
 use crate::telemetry::{self, RunOutcome};
@@ -365,6 +365,7 @@ pub async fn run(
                     fired_by: fired_by(&m),
                     started_ms: None,
                 };
+                let awaited = awaited(&m);
                 let shared = shared.clone();
                 tasks.spawn(async move {
                     if held {
@@ -373,7 +374,7 @@ pub async fn run(
                             e.1 += 1;
                         }
                     }
-                    if execute(&shared, run, known, &taken).await {
+                    if execute(&shared, run, known, awaited, &taken).await {
                         shared.lanes.finished(&taken);
                     }
                 });
@@ -416,6 +417,21 @@ fn not_before(m: &impl Message) -> Option<i64> {
     let headers = m.headers()?;
     let h = headers.iter().find(|h| h.key == NOT_BEFORE_HEADER)?;
     std::str::from_utf8(h.value?).ok()?.parse().ok()
+}
+
+/// Whether the run's scheduler waits for its completion on `control`: unless the lane record
+/// says the job's overlap policy was `allow` when it fired (a scheduler tracks the runs in
+/// flight of `skip` and `buffer_one` jobs only). A record of an older node says nothing, and
+/// is waited for.
+fn awaited(m: &impl Message) -> bool {
+    use rdkafka::message::Headers;
+    let Some(headers) = m.headers() else {
+        return true;
+    };
+    headers
+        .iter()
+        .find(|h| h.key == OVERLAP_HEADER)
+        .is_none_or(|h| h.value != Some(b"allow".as_slice()))
 }
 
 /// Waits until the worker's clock reaches `not_before_ms`. A hold never outlasts the
@@ -501,7 +517,13 @@ fn attempt_key(run: &Run) -> String {
 ///
 /// A copy of an attempt delivered while this worker executes it waits for that execution,
 /// and then finds its ledger entry ([`Claim`]).
-async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> bool {
+async fn execute(
+    shared: &Shared,
+    run: Run,
+    mut known: Known,
+    awaited: bool,
+    taken: &Taken,
+) -> bool {
     let tenant_sem = {
         let tenants = shared.tenants.lock().unwrap();
         tenants[&run.tenant].0.clone()
@@ -555,7 +577,16 @@ async fn execute(shared: &Shared, run: Run, mut known: Known, taken: &Taken) -> 
         }
     };
     let duration_ms = started.elapsed().as_millis() as u64;
-    let finished = finish(shared, &run, &known, &result, duration_ms, &mut reports).await;
+    let finished = finish(
+        shared,
+        &run,
+        &known,
+        awaited,
+        &result,
+        duration_ms,
+        &mut reports,
+    )
+    .await;
     drop((global_slot, tenant_slot));
     if let Some(cb) = &shared.opts.on_finished {
         cb(&Finished {
@@ -578,12 +609,14 @@ fn took(duration_ms: u64) -> Duration {
     Duration::from_millis(duration_ms)
 }
 
-/// Enqueues the reports of an attempt's outcome on `out`; returns the ledger keys to record
-/// once they are delivered: the run id when the run is over, the attempt when it failed.
+/// Enqueues the reports of an attempt's outcome on `out` (the completion only when its
+/// scheduler waits for it: `awaited`); returns the ledger keys to record once they are
+/// delivered: the run id when the run is over, the attempt when it failed.
 async fn finish(
     shared: &Shared,
     run: &Run,
     known: &Known,
+    awaited: bool,
     result: &HandlerResult,
     duration_ms: u64,
     out: &mut Vec<Outgoing>,
@@ -603,7 +636,9 @@ async fn finish(
                 .await
                 .out,
             );
-            out.push(completion(shared, run, Outcome::Succeeded).await);
+            if awaited {
+                out.push(completion(shared, run, Outcome::Succeeded).await);
+            }
             telemetry::run_finished(RunOutcome::Succeeded, took(duration_ms));
             vec![run.run_id.clone()]
         }
@@ -680,7 +715,9 @@ async fn finish(
                     .await
                     .out,
                 );
-                out.push(completion(shared, run, Outcome::Dead).await);
+                if awaited {
+                    out.push(completion(shared, run, Outcome::Dead).await);
+                }
                 telemetry::run_finished(RunOutcome::Dead, took(duration_ms));
                 vec![run.run_id.clone(), attempt_key(run)]
             }
