@@ -25,6 +25,7 @@ use super::store::{DueEntry, Store};
 use super::txn::Txn;
 use super::SchedulerError;
 use crate::kafka::admin::AdminError;
+use crate::model::records::TimerState;
 
 type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
@@ -72,18 +73,42 @@ impl Firing<'_> {
             due: due.len(),
             epoch,
         };
-        let mut out = Vec::new();
+        let mut firable = Vec::with_capacity(due.len());
         for e in due {
-            let p = e.partition as i32;
-            if !self.parts.get(&p).is_some_and(|l| l.is_active()) {
+            if !self
+                .parts
+                .get(&(e.partition as i32))
+                .is_some_and(|l| l.is_active())
+            {
                 continue;
             }
             if self.suspects.contains_key(&e.job) {
                 prepared.slow.push(e.clone());
                 continue;
             }
+            firable.push(e);
+        }
+        // Their stored timers in one batched read: a chunk's thousands of point reads share
+        // their index and filter lookups.
+        let keys: Vec<(u16, &str)> = firable
+            .iter()
+            .map(|e| (e.partition, e.job.as_str()))
+            .collect();
+        let stored = self.store.timers(&keys);
+        let mut out = Vec::new();
+        for (e, read) in firable.into_iter().zip(stored) {
+            let p = e.partition as i32;
             out.clear();
-            match guarded(|| self.fire_entry(&mut prepared.txn, e, now, &mut out)) {
+            let fire = || {
+                // A job the chunk changed already (a second index entry of it) is read as
+                // the transaction has it.
+                let state = match prepared.txn.is_changed(p, &e.job) {
+                    true => prepared.txn.load(self.store, p, &e.job)?,
+                    false => read?,
+                };
+                self.fire_loaded(&mut prepared.txn, e, state, now, &mut out)
+            };
+            match guarded(fire) {
                 Ok(()) if out.is_empty() => {}
                 Ok(()) => {
                     let at = prepared.jobs.len() as u32;
@@ -108,8 +133,21 @@ impl Firing<'_> {
         now: i64,
         out: &mut Vec<Out>,
     ) -> Result<()> {
+        let state = txn.load(self.store, e.partition as i32, &e.job)?;
+        self.fire_loaded(txn, e, state, now, out)
+    }
+
+    /// As [`Firing::fire_entry`], with the entry's timer as the transaction has it: `state`.
+    fn fire_loaded(
+        &mut self,
+        txn: &mut Txn,
+        e: &DueEntry,
+        state: Option<TimerState>,
+        now: i64,
+        out: &mut Vec<Out>,
+    ) -> Result<()> {
         let p = e.partition as i32;
-        let Some(mut state) = txn.load(self.store, p, &e.job)? else {
+        let Some(mut state) = state else {
             // A stale index entry (the job was deleted): drop it.
             txn.batch
                 .delete_timer(self.store, e.partition, &e.job, Some(e.wake_ms));

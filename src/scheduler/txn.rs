@@ -94,6 +94,11 @@ impl Txn {
         store.timer(p as u16, job)
     }
 
+    /// Whether this transaction changed `job` of partition `p`.
+    pub fn is_changed(&self, p: i32, job: &str) -> bool {
+        self.changed.contains_key(&(p, job.to_owned()))
+    }
+
     /// The jobs this transaction changed.
     pub fn changed_jobs(&self) -> impl Iterator<Item = &str> {
         self.changed.keys().map(|(_, job)| job.as_str())
