@@ -53,12 +53,18 @@ pub(crate) fn string_map(m: &BTreeMap<String, String>) -> Value {
 }
 
 /// A Rust enum that is an Avro enum whose symbols are `SYMBOLS`, in order.
-pub(crate) trait AvroEnum: Sized + Copy + 'static {
+pub(crate) trait AvroEnum: Sized + Copy + PartialEq + 'static {
     const NAME: &'static str;
     const SYMBOLS: &'static [&'static str];
     const VARIANTS: &'static [Self];
 
     fn to_avro(self) -> Value;
+
+    /// Its symbol: the name schemas, job definitions and headers spell it with.
+    fn symbol(self) -> &'static str {
+        let i = Self::VARIANTS.iter().position(|&v| v == self);
+        Self::SYMBOLS[i.unwrap_or_default()]
+    }
 
     fn from_symbol(s: &str) -> Option<Self> {
         Self::SYMBOLS

@@ -28,6 +28,7 @@ mod binary;
 mod canonical;
 pub mod connect;
 mod convert;
+pub(crate) use convert::AvroEnum;
 mod direct;
 mod records;
 mod schema;

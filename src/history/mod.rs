@@ -33,16 +33,6 @@ pub const NOT_BEFORE_HEADER: &str = "tocsin-not-before-ms";
 /// without it (an older node's) is reported as before.
 pub const OVERLAP_HEADER: &str = "tocsin-overlap";
 
-/// The value of [`OVERLAP_HEADER`] for `policy`: its name in job definitions.
-pub fn overlap_name(policy: crate::model::job::OverlapPolicy) -> &'static str {
-    use crate::model::job::OverlapPolicy;
-    match policy {
-        OverlapPolicy::Allow => "allow",
-        OverlapPolicy::Skip => "skip",
-        OverlapPolicy::BufferOne => "buffer_one",
-    }
-}
-
 /// The consumer group of the history sink that `scripts/connect` runs for `topic_prefix`:
 /// Connect names a sink's group `connect-<connector name>`, and the script names the connector
 /// `tocsin-runs-<prefix>`, each character outside `[A-Za-z0-9_-]` written `_` (an empty prefix

@@ -189,6 +189,14 @@ pub enum HandlerKind {
     Custom,
 }
 
+impl OverlapPolicy {
+    /// Whether a fired run of the job is held in flight until its completion comes back on
+    /// `control`: the policy then judges the next instants by it.
+    pub fn holds_in_flight(self) -> bool {
+        self != OverlapPolicy::Allow
+    }
+}
+
 impl HandlerKind {
     /// The name a job definition spells it with (`kind = "http"`).
     pub fn name(self) -> &'static str {

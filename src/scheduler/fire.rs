@@ -436,7 +436,7 @@ fn schedule_fire(
         }
     }
     let policy = state.definition.overlap;
-    if policy != OverlapPolicy::Allow && state.in_flight.is_some() {
+    if policy.holds_in_flight() && state.in_flight.is_some() {
         match policy {
             OverlapPolicy::BufferOne if state.buffered_ms.is_none() => {
                 state.buffered_ms = Some(scheduled_ms)
@@ -453,7 +453,7 @@ fn schedule_fire(
     });
     state.fires += 1;
     state.last_scheduled_ms = Some(scheduled_ms);
-    if policy != OverlapPolicy::Allow && !completes_at_fire {
+    if policy.holds_in_flight() && !completes_at_fire {
         state.in_flight = Some(InFlight {
             run_id: run_id(&state.definition.id, scheduled_ms),
             scheduled_ms,

@@ -102,9 +102,9 @@ impl Firing<'_> {
             let fire = || {
                 // A job the chunk changed already (a second index entry of it) is read as
                 // the transaction has it.
-                let state = match prepared.txn.is_changed(p, &e.job) {
-                    true => prepared.txn.load(self.store, p, &e.job)?,
-                    false => read?,
+                let state = match prepared.txn.changed(p, &e.job) {
+                    Some(state) => state,
+                    None => read?,
                 };
                 self.fire_loaded(&mut prepared.txn, e, state, now, &mut out)
             };

@@ -5,7 +5,7 @@
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::codec::{self, Framing};
+use crate::codec::{self, AvroEnum, Framing};
 use crate::config::Serialization;
 use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER, OVERLAP_HEADER};
 use crate::model::job::{JobDefinition, OverlapPolicy};
@@ -72,7 +72,7 @@ pub fn headers(run: &Run, overlap: OverlapPolicy, fired: &Fired<'_>) -> OwnedHea
             NOT_BEFORE_HEADER,
             fired.not_before_ms.to_string().as_bytes(),
         ))
-        .insert(h(OVERLAP_HEADER, history::overlap_name(overlap).as_bytes()))
+        .insert(h(OVERLAP_HEADER, overlap.symbol().as_bytes()))
 }
 
 /// The two records of a run fired into its lane: the `Run` itself (keyed by its job, with its

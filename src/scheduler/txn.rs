@@ -88,15 +88,16 @@ impl Txn {
 
     /// A timer as this transaction sees it: as it changed it, or as stored.
     pub fn load(&self, store: &Store, p: i32, job: &str) -> Result<Option<TimerState>, StoreError> {
-        if let Some(c) = self.changed.get(&(p, job.to_owned())) {
-            return Ok(c.state.clone());
+        match self.changed(p, job) {
+            Some(state) => Ok(state),
+            None => store.timer(p as u16, job),
         }
-        store.timer(p as u16, job)
     }
 
-    /// Whether this transaction changed `job` of partition `p`.
-    pub fn is_changed(&self, p: i32, job: &str) -> bool {
-        self.changed.contains_key(&(p, job.to_owned()))
+    /// A timer as this transaction changed it (`Some(None)`: deleted); `None` when it did not.
+    pub fn changed(&self, p: i32, job: &str) -> Option<Option<TimerState>> {
+        let c = self.changed.get(&(p, job.to_owned()))?;
+        Some(c.state.clone())
     }
 
     /// The jobs this transaction changed.

@@ -27,9 +27,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::codec::{self, Framing};
+use crate::codec::{self, AvroEnum, Framing};
 use crate::config::Config;
 use crate::history::{self, Known, Reporter, NODE_HEADER, NOT_BEFORE_HEADER, OVERLAP_HEADER};
+use crate::model::job::OverlapPolicy;
 use crate::model::records::{ControlRecord, DeadLetter, Outcome, Run, RunEvent, RunEventKind};
 use crate::node::NowFn;
 use crate::telemetry::{self, RunOutcome};
@@ -419,19 +420,16 @@ fn not_before(m: &impl Message) -> Option<i64> {
     std::str::from_utf8(h.value?).ok()?.parse().ok()
 }
 
-/// Whether the run's scheduler waits for its completion on `control`: unless the lane record
-/// says the job's overlap policy was `allow` when it fired (a scheduler tracks the runs in
-/// flight of `skip` and `buffer_one` jobs only). A record of an older node says nothing, and
-/// is waited for.
+/// Whether the run's scheduler waits for its completion on `control`: when the overlap
+/// policy the lane record names holds its runs in flight. A record that names none (an older
+/// node's) is waited for.
 fn awaited(m: &impl Message) -> bool {
     use rdkafka::message::Headers;
-    let Some(headers) = m.headers() else {
-        return true;
+    let policy = || {
+        let h = m.headers()?.iter().find(|h| h.key == OVERLAP_HEADER)?;
+        OverlapPolicy::from_symbol(std::str::from_utf8(h.value?).ok()?)
     };
-    headers
-        .iter()
-        .find(|h| h.key == OVERLAP_HEADER)
-        .is_none_or(|h| h.value != Some(b"allow".as_slice()))
+    policy().is_none_or(OverlapPolicy::holds_in_flight)
 }
 
 /// Waits until the worker's clock reaches `not_before_ms`. A hold never outlasts the
