@@ -30,9 +30,14 @@ pub enum AdminError {
 
 pub type Result<T, E = AdminError> = std::result::Result<T, E>;
 
-/// The longest wait between two metadata requests answered with a leadership error (the
-/// waits double from 100 ms: about 1.5 s in all).
-const METADATA_RETRY_MAX: Duration = Duration::from_millis(800);
+/// How long metadata requests answered with a leadership error are asked again before the
+/// error is returned. A broker creating or deleting many partitions (another fleet's topics,
+/// a test's cleanup) can move leaders for several seconds; a node starting meanwhile waits
+/// rather than exits.
+const METADATA_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// The longest wait between two such requests (the waits double from 100 ms).
+const METADATA_RETRY_STEP_MAX: Duration = Duration::from_secs(1);
 
 /// Whether `code` says partition leadership is moving on the broker, which passes.
 fn leadership_moving(code: RDKafkaErrorCode) -> bool {
@@ -173,15 +178,20 @@ impl Admin {
         // A broker moving partition leaders (topics being created or deleted) may answer a
         // whole metadata request with a leadership error for a moment: asked again, a little
         // later, a few times.
+        let started = Instant::now();
         let mut backoff = Duration::from_millis(100);
         let md = loop {
             match self.client.inner().fetch_metadata(None, self.timeout) {
                 Err(KafkaError::MetadataFetch(code))
-                    if backoff <= METADATA_RETRY_MAX && leadership_moving(code) =>
+                    if started.elapsed() < METADATA_RETRY_FOR && leadership_moving(code) =>
                 {
-                    tracing::debug!(error = %code, "metadata answered with a leadership error; asking again");
+                    if backoff < METADATA_RETRY_STEP_MAX {
+                        tracing::debug!(error = %code, "metadata answered with a leadership error; asking again");
+                    } else {
+                        tracing::warn!(error = %code, waited = ?started.elapsed(), "broker metadata still answers with a leadership error; asking again");
+                    }
                     std::thread::sleep(backoff);
-                    backoff *= 2;
+                    backoff = (backoff * 2).min(METADATA_RETRY_STEP_MAX);
                 }
                 other => break other?,
             }
