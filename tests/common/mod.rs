@@ -50,7 +50,15 @@ pub fn bootstrap() -> String {
     ADDR.get_or_init(|| {
         if let Ok(addr) = std::env::var("TOCSIN_TEST_BOOTSTRAP") {
             if !addr.trim().is_empty() {
-                return addr.trim().to_owned();
+                let addr = addr.trim();
+                // A terminal escape leaked into the address (once: Maven's colour resets
+                // ahead of `scripts/kafka start`'s last line) fails every test obscurely.
+                assert!(
+                    !addr.chars().any(char::is_control),
+                    "TOCSIN_TEST_BOOTSTRAP {addr:?} holds a control character: it must be \
+                     host:port, as the last line `scripts/kafka start` prints"
+                );
+                return addr.to_owned();
             }
         }
         let out = run_ok(
