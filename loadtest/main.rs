@@ -156,6 +156,12 @@ pub struct Args {
     /// start.
     #[arg(long)]
     pub worker: bool,
+    /// steady: give every job a `kafka` handler that the scheduler delivers itself
+    /// (`scheduler.kafka_delivery = "direct"`) to a target topic, as `delay` does, and audit
+    /// that topic instead of the lanes; the report adds the lag from each run's instant to its
+    /// record's append in the target (`append_lag_ms`).
+    #[arg(long, conflicts_with = "worker")]
+    pub target: bool,
     /// `scheduler.transaction_timeout_ms` of the nodes: also how long a dead node's open
     /// transaction holds back every `read_committed` reader of the partitions it wrote.
     #[arg(long, default_value_t = tocsin::config::Config::default().scheduler.transaction_timeout_ms)]
@@ -216,7 +222,7 @@ pub struct Args {
     /// Delay: who writes the payload to the target topic (`scheduler.kafka_delivery`).
     #[arg(long, value_enum, default_value_t = Via::Direct)]
     pub via: Via,
-    /// Delay, history: partitions of the target topic.
+    /// Delay, history, steady --target: partitions of the target topic.
     #[arg(long, default_value_t = 16)]
     pub target_partitions: u32,
     /// Delay: `kill -9` at the due instant + this many ms, of scheduler node n1 (direct) or

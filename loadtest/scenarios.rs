@@ -127,8 +127,9 @@ impl<'a> Ctx<'a> {
         config.scheduler.transaction_timeout_ms = args.transaction_timeout_ms;
         config.scheduler.max_runs_per_transaction = args.max_runs_per_transaction;
         config.scheduler.data_dir = dir.join("data");
-        // Only `delay` and `history` deliver `kafka` runs (the lane scenarios' jobs have custom
-        // handlers); `history`'s go through a worker, which reports them on `runs`.
+        // Only `delay`, `history` and `steady --target` deliver `kafka` runs (the other lane
+        // scenarios' jobs have custom handlers); `history`'s go through a worker, which reports
+        // them on `runs`.
         config.scheduler.kafka_delivery = match (args.scenario, args.via) {
             (Scenario::History, _) | (_, Via::Worker) => KafkaDelivery::Worker,
             (_, Via::Direct) => KafkaDelivery::Direct,
@@ -680,22 +681,47 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
     }
     let align = a.align;
     let payload = a.payload_bytes;
+    if a.target && (failover || a.via != Via::Direct) {
+        bail!("--target measures direct delivery in steady: it takes neither failover nor --via worker");
+    }
+    let target = match a.target {
+        true => Some(ctx.create_target()?),
+        false => None,
+    };
     let tenant_names = ctx.tenants.clone();
     let tenant_of: Vec<usize> = (0..jobs).map(|i| ctx.tenant_of(i)).collect();
+    let audit = match &target {
+        Some(topic) => {
+            let expect = Expect {
+                // Every record carries its instant (`tocsin-scheduled-ms`).
+                at_ms: 0,
+                payload_bytes: payload,
+                scheduled_header: true,
+                tenant_of: Arc::new(tenant_of.iter().map(|t| *t as u16).collect()),
+            };
+            target::audit(&ctx.config, topic, a.target_partitions, expect)?
+        }
+        None => Audit::start(&ctx.config, &ctx.lanes())?,
+    };
     let make = move |i: u64| {
         let spec = ScheduleSpec::Interval {
             every_ms: period,
             anchor_ms: interval_anchor(i, jobs, period, align),
         };
-        job(i, &tenant_names[tenant_of[i as usize]], spec, payload)
+        let mut j = job(i, &tenant_names[tenant_of[i as usize]], spec, payload);
+        if let Some(topic) = &target {
+            j.handler.kind = HandlerKind::Kafka;
+            j.handler.target = topic.clone();
+        }
+        j
     };
 
-    let baseline = if failover {
+    // The baseline writes lane records; a run delivered to a target writes none.
+    let baseline = if failover || a.target {
         None
     } else {
         ctx.baseline(rate * duration, jobs, &make)?.map(|b| b.per_s)
     };
-    let audit = Audit::start(&ctx.config, &ctx.lanes())?;
     let worker = match a.worker {
         true => Some(crate::starts::Starts::start(&ctx.config)?),
         false => None,
@@ -794,6 +820,11 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
 
     let mut settings = ctx.settings(Some(rate), Some(period), Some(duration));
     settings.settle_s = Some((from - indexed_ms) as f64 / 1000.0);
+    if a.target {
+        settings.via = Some(Via::Direct.name().into());
+        settings.target_topic = ctx.target.clone();
+        settings.target_partitions = Some(a.target_partitions);
+    }
     if failover {
         settings.kill_at_s = Some(kill_at_s);
     }
@@ -815,6 +846,12 @@ fn steady(ctx: &mut Ctx<'_>) -> Result<(Report, Option<Chart>)> {
             ));
         }
         r.start_lag_ms = Lag::of(&mut lags);
+    }
+    if a.target {
+        let mut appended: Vec<i64> = (v.firsts.iter())
+            .map(|o| o.timestamp_ms - o.scheduled_ms)
+            .collect();
+        r.append_lag_ms = Lag::of(&mut appended);
     }
     let title = if failover {
         format!(
