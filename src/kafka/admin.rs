@@ -176,8 +176,8 @@ impl Admin {
     pub fn partition_counts(&self) -> Result<BTreeMap<String, u32>> {
         // A blocking call: fine for the CLI, and the scheduler calls it from its own thread.
         // A broker moving partition leaders (topics being created or deleted) may answer a
-        // whole metadata request with a leadership error for a moment: asked again, a little
-        // later, a few times.
+        // whole metadata request with a leadership error for a while: asked again, the waits
+        // doubling, for up to METADATA_RETRY_FOR.
         let started = Instant::now();
         let mut backoff = Duration::from_millis(100);
         let md = loop {
