@@ -239,7 +239,11 @@ impl Partitions {
         let deadline = Instant::now() + wait;
         let mut out = Vec::new();
         loop {
+            // In whole milliseconds, rounded up: the consumer asks librdkafka with the time
+            // left truncated to them, and the last fraction of a millisecond would be a busy
+            // loop of polls that do not wait.
             let left = deadline.saturating_duration_since(Instant::now());
+            let left = Duration::from_millis(left.as_micros().div_ceil(1000) as u64);
             match self.group.poll(left) {
                 Some(Ok(m)) => {
                     let m = m.detach();

@@ -36,8 +36,8 @@ type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
 /// How long one call into a transaction may wait for the coordinator.
 pub(super) const TXN_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long one poll for delivery reports waits while a commit awaits them.
-const DELIVERY_POLL: Duration = Duration::from_millis(1);
+/// How long a commit awaiting delivery reports sleeps when a poll found none.
+const DELIVERY_NAP: Duration = Duration::from_micros(200);
 /// A hook for tests of takeover, not a setting: while the file this variable names exists, a
 /// transaction about to commit (its records acknowledged, its offsets sent) waits, after
 /// creating `FILE.held`. A test then stops or kills the node with a transaction open. A file
@@ -314,10 +314,23 @@ impl TxnProducer {
     /// time is up; the commit then reports it). rust-rdkafka's `commit_transaction` flushes
     /// first, but its flush polls in whole 100 ms slices while anything is in flight, so a
     /// commit called with records outstanding cost 100, 200, 300 ms: it waited here instead.
+    ///
+    /// It polls without waiting and naps when a poll changed nothing. rust-rdkafka's
+    /// `poll(d)` serves events until `d` is up, asking librdkafka for each with the time left
+    /// in whole milliseconds, so under a millisecond it asks with 0: a `poll` of 1 ms is a
+    /// busy loop of 1 ms. Awaiting a herd's acknowledgements that way held a core for the
+    /// whole wait, on two cores shared with the broker that sends them and the thread firing
+    /// the next chunk.
     fn await_deliveries(&self) {
         let deadline = Instant::now() + TXN_TIMEOUT;
-        while self.inner.in_flight_count() > 0 && Instant::now() < deadline {
-            self.inner.poll(DELIVERY_POLL);
+        let mut left = self.inner.in_flight_count();
+        while left > 0 && Instant::now() < deadline {
+            self.inner.poll(Duration::ZERO);
+            let now_left = self.inner.in_flight_count();
+            if now_left == left {
+                std::thread::sleep(DELIVERY_NAP);
+            }
+            left = now_left;
         }
     }
 
