@@ -323,14 +323,13 @@ impl TxnProducer {
     /// the next chunk.
     fn await_deliveries(&self) {
         let deadline = Instant::now() + TXN_TIMEOUT;
-        let mut left = self.inner.in_flight_count();
-        while left > 0 && Instant::now() < deadline {
+        let mut in_flight = self.inner.in_flight_count();
+        while in_flight > 0 && Instant::now() < deadline {
             self.inner.poll(Duration::ZERO);
-            let now_left = self.inner.in_flight_count();
-            if now_left == left {
+            let before = std::mem::replace(&mut in_flight, self.inner.in_flight_count());
+            if in_flight == before {
                 std::thread::sleep(DELIVERY_NAP);
             }
-            left = now_left;
         }
     }
 
