@@ -29,7 +29,7 @@ use super::intake::{Intake, Suspects};
 use super::ledger::Ledger;
 use super::output::{Out, Output};
 use super::partitions::Partitions;
-use super::producer::{fenced, Refusals, TxnProducer};
+use super::producer::{fenced, refused_member, MemberRefused, Refusals, TxnProducer};
 use super::scan::{self, SCAN_LIMIT};
 use super::store::{encode_timer, Checkpoint, DueEntry, Store};
 use super::txn::Txn;
@@ -41,6 +41,32 @@ use crate::node::{NodeStatus, NowFn};
 use crate::telemetry::{self, AbortReason};
 
 type Result<T, E = SchedulerError> = std::result::Result<T, E>;
+
+/// When the group keeps refusing this node's member in every transaction's offset commit
+/// (`refused_member`), with none committed since, the node rejoins the group with a new
+/// consumer (`Partitions::rejoin`): at the second refusal in a row of a member the group does
+/// not know (it holds nothing any more, and the runs due wait), or after this long of
+/// refusals of its epoch. A consumer that reaches its coordinator brings its epoch up to date
+/// with its next heartbeat (every 5 s at the broker's default).
+const EPOCH_REFUSED_FOR: Duration = Duration::from_secs(15);
+
+/// Refusals of the group member in a row (see `EPOCH_REFUSED_FOR`).
+#[derive(Default)]
+struct MemberRefusals {
+    since: Option<Instant>,
+    unknown: u32,
+}
+
+impl MemberRefusals {
+    /// Counts `how`; whether the node should now rejoin the group.
+    fn refused(&mut self, how: MemberRefused) -> bool {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if how == MemberRefused::Unknown {
+            self.unknown += 1;
+        }
+        self.unknown >= 2 || since.elapsed() >= EPOCH_REFUSED_FOR
+    }
+}
 
 /// What a transaction carried, for its log line.
 struct Shape {
@@ -67,6 +93,8 @@ pub struct Engine {
     limits: Limits,
     /// Jobs whose records the broker refused (`intake`).
     suspects: Suspects,
+    /// Transactions committed so far.
+    commits: u64,
 }
 
 impl Engine {
@@ -122,6 +150,7 @@ impl Engine {
             output,
             limits,
             suspects: Suspects::default(),
+            commits: 0,
         })
     }
 
@@ -134,8 +163,15 @@ impl Engine {
         let tick = self.config.scheduler.tick_ms as i64;
         let mut next_tick = ((self.now)() / tick + 1) * tick;
         let mut backoff = Duration::from_millis(100);
+        // Since when every transaction's offset commit has been refused for the group member
+        // (`refused_member`), with no commit since.
+        let mut refusals = MemberRefusals::default();
         while !shutdown.is_cancelled() {
+            let commits = self.commits;
             let step = self.step(&mut next_tick, tick);
+            if self.commits > commits {
+                refusals = MemberRefusals::default();
+            }
             match step {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
@@ -162,6 +198,17 @@ impl Engine {
                     }
                     if let Err(e) = self.producer.recover(&e) {
                         error!(error = %e, "could not recover the producer");
+                    }
+                    if let Some(how) = refused_member(&e) {
+                        if refusals.refused(how) {
+                            let since = refusals.since.map(|t| t.elapsed().as_millis() as u64);
+                            warn!(refused_for_ms = since, how = ?how,
+                                "the group keeps refusing this member and its consumer has not rejoined; rejoining with a new one");
+                            refusals = MemberRefusals::default();
+                            if let Err(e) = self.partitions.rejoin(&mut self.ledger) {
+                                error!(error = %e, "could not rejoin the group");
+                            }
+                        }
                     }
                 }
             }
@@ -521,6 +568,7 @@ impl Engine {
                     "transaction stored"
                 );
                 self.ledger.committed(&txn.positions, &txn.progress);
+                self.commits += 1;
                 self.output.committed();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
                 telemetry::transaction_committed(txn.runs, txn.lags, elapsed);
@@ -602,5 +650,27 @@ fn record_limits(
     Limits {
         max_record_bytes: topic_max.map_or(producer_max, |t| t.min(producer_max)),
         ..Limits::from_config(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_the_group_does_not_know_rejoins_at_its_second_refusal() {
+        let mut r = MemberRefusals::default();
+        assert!(!r.refused(MemberRefused::Unknown));
+        assert!(r.refused(MemberRefused::Unknown));
+    }
+
+    #[test]
+    fn a_refused_epoch_rejoins_only_once_refused_for_long() {
+        let mut r = MemberRefusals::default();
+        for _ in 0..10 {
+            assert!(!r.refused(MemberRefused::Epoch));
+        }
+        r.since = Some(Instant::now() - EPOCH_REFUSED_FOR);
+        assert!(r.refused(MemberRefused::Epoch));
     }
 }

@@ -43,6 +43,8 @@ const CHECKPOINT_MAX_AGE_MS: i64 = 12 * 3_600_000;
 /// answer takes milliseconds otherwise; a fence of a node that had nothing open costs one
 /// `InitProducerId`.
 const FETCH_HELD_AFTER: Duration = Duration::from_millis(300);
+/// How long a static member's new consumer waits for the old one's close (`rejoin`).
+const STATIC_CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// How soon a committed-offset fetch that failed is tried again.
 const FETCH_RETRY_AFTER: Duration = Duration::from_millis(500);
 
@@ -98,6 +100,10 @@ pub struct Partitions {
     store: Arc<Store>,
     /// Shared with the offset fetch's thread.
     group: Arc<BaseConsumer<GroupContext>>,
+    /// The group consumer's settings, for a new one (`rejoin`).
+    group_config: rdkafka::ClientConfig,
+    /// Whether the member is static (`group.instance.id`).
+    static_member: bool,
     /// The replay of `timers` for the partitions restoring.
     replay: Replay,
     /// Whom to fence, from the group's membership (described on a thread of its own).
@@ -159,6 +165,8 @@ impl Partitions {
             topics,
             store,
             group: Arc::new(group),
+            group_config: gc,
+            static_member: config.scheduler.static_membership,
             replay,
             fencer,
             fetch: OffsetFetch::default(),
@@ -192,6 +200,38 @@ impl Partitions {
                 break;
             }
         }
+    }
+
+    /// Joins the group again as a new member, with a new consumer: every partition is
+    /// released first, as a lost assignment is (nothing was committed for it since the last
+    /// transaction, and none is open). For a member the group no longer has while its
+    /// consumer never learns it: after a long broker outage, librdkafka 2.12's KIP-848 member
+    /// can stay without a coordinator for good, its heartbeats never resuming, while every
+    /// transaction's offset commit is refused as an unknown member. The group then assigns
+    /// the new member at once; a member it still had keeps its partitions until its session
+    /// times out.
+    pub fn rejoin(&mut self, ledger: &mut Ledger) -> Result<()> {
+        let owned: Vec<i32> = self.parts.keys().copied().collect();
+        for p in &owned {
+            self.release(*p, ledger);
+        }
+        telemetry::rebalanced(false, owned.len());
+        let group: BaseConsumer<GroupContext> =
+            (self.group_config).create_with_context(GroupContext::default())?;
+        let old = std::mem::replace(&mut self.group, Arc::new(group));
+        // Its close waits for a coordinator it cannot reach: off the firing thread. A static
+        // member's close that does reach it leaves with the instance id the new consumer
+        // joins with, so the new one waits for it (for a while).
+        let (closed, close) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(old);
+            let _ = closed.send(());
+        });
+        if self.static_member {
+            let _ = close.recv_timeout(STATIC_CLOSE_WAIT);
+        }
+        info!(released = ?owned, "rejoining the group with a new consumer");
+        self.subscribe()
     }
 
     /// The lifecycle of every owned partition.

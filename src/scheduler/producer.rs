@@ -454,6 +454,32 @@ pub(super) fn fenced(e: &SchedulerError) -> bool {
     )
 }
 
+/// How the group refused this node's member in a transaction's offset commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MemberRefused {
+    /// It does not know the member: the member holds nothing any more.
+    Unknown,
+    /// The member's epoch is not the group's: a heartbeat brings the member up to date.
+    Epoch,
+}
+
+/// Whether `e` is the group refusing this node's member in a transaction's offset commit, and
+/// how. The group consumer learns either from its own heartbeats and rejoins or catches up; one
+/// that cannot reach its coordinator never does (`Engine::run` then rejoins with a new
+/// consumer).
+pub(super) fn refused_member(e: &SchedulerError) -> Option<MemberRefused> {
+    let SchedulerError::Kafka(k) = e else {
+        return None;
+    };
+    match k.rdkafka_error_code()? {
+        RDKafkaErrorCode::UnknownMemberId => Some(MemberRefused::Unknown),
+        RDKafkaErrorCode::IllegalGeneration
+        | RDKafkaErrorCode::FencedMemberEpoch
+        | RDKafkaErrorCode::StaleMemberEpoch => Some(MemberRefused::Epoch),
+        _ => None,
+    }
+}
+
 /// The settings of a producer with `node_id`'s transactional id: the node's own, or one that
 /// fences it.
 fn transactional_config(config: &Config, node_id: &str, client_id: &str) -> ClientConfig {
