@@ -44,8 +44,8 @@ type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 
 /// When the group keeps refusing this node's member in every transaction's offset commit
 /// (`refused_member`), with none committed since, the node rejoins the group with a new
-/// consumer (`Partitions::rejoin`): at the second refusal in a row of a member the group does
-/// not know (it holds nothing any more, and the runs due wait), or after this long of
+/// consumer (`Partitions::rejoin`) and a new producer: at once for a member the group does not
+/// know (it holds nothing any more, and the runs due wait), or after this long of
 /// refusals of its epoch. A consumer that reaches its coordinator brings its epoch up to date
 /// with its next heartbeat (every 5 s at the broker's default).
 const EPOCH_REFUSED_FOR: Duration = Duration::from_secs(15);
@@ -54,17 +54,13 @@ const EPOCH_REFUSED_FOR: Duration = Duration::from_secs(15);
 #[derive(Default)]
 struct MemberRefusals {
     since: Option<Instant>,
-    unknown: u32,
 }
 
 impl MemberRefusals {
     /// Counts `how`; whether the node should now rejoin the group.
     fn refused(&mut self, how: MemberRefused) -> bool {
         let since = *self.since.get_or_insert_with(Instant::now);
-        if how == MemberRefused::Unknown {
-            self.unknown += 1;
-        }
-        self.unknown >= 2 || since.elapsed() >= EPOCH_REFUSED_FOR
+        how == MemberRefused::Unknown || since.elapsed() >= EPOCH_REFUSED_FOR
     }
 }
 
@@ -207,6 +203,9 @@ impl Engine {
                             refusals = MemberRefusals::default();
                             if let Err(e) = self.partitions.rejoin(&mut self.ledger) {
                                 error!(error = %e, "could not rejoin the group");
+                            }
+                            if let Err(e) = self.producer.renew() {
+                                error!(error = %e, "could not recreate the producer");
                             }
                         }
                     }
@@ -658,9 +657,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_member_the_group_does_not_know_rejoins_at_its_second_refusal() {
+    fn a_member_the_group_does_not_know_rejoins_at_its_first_refusal() {
         let mut r = MemberRefusals::default();
-        assert!(!r.refused(MemberRefused::Unknown));
         assert!(r.refused(MemberRefused::Unknown));
     }
 

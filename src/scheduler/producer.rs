@@ -388,6 +388,13 @@ impl TxnProducer {
         Ok(())
     }
 
+    /// A new producer, initialised before the next transaction begins (`ensure_initialised`):
+    /// when the node rejoins the group, so its first transaction after does not inherit the
+    /// sequence state of the refused ones (it failed with `OUT_OF_ORDER_SEQUENCE_NUMBER`).
+    pub fn renew(&mut self) -> Result<()> {
+        self.recreate()
+    }
+
     /// The highest acknowledged `timers` offset per partition since the last call.
     pub fn take_delivered(&self) -> HashMap<i32, i64> {
         std::mem::take(&mut *self.inner.context().delivered.lock().unwrap())
