@@ -529,10 +529,13 @@ async fn a_flooded_tenant_does_not_delay_another_on_the_same_pool() {
         most_lag >= 1_000.0,
         "tocsin_worker_lane_lag_records never showed the flood's backlog (most {most_lag})"
     );
-    // Starved, the calm run would wait behind the whole backlog (tens of seconds).
+    // Starved, the calm run would wait behind the whole backlog (tens of seconds). A quarter
+    // of it tells the two apart on two cores that the broker, the scheduler and the worker
+    // share (a fixed 2 s failed CI at 2,030 ms, behind a 19.9 s backlog).
+    let bound = ((backlog_end - first_flood) / 4).max(2_000);
     assert!(
-        *delays.last().unwrap() < 2_000,
-        "the calm tenant waited behind the flood: {delays:?}"
+        *delays.last().unwrap() < bound,
+        "the calm tenant waited behind the flood (bound {bound} ms): {delays:?}"
     );
 }
 
