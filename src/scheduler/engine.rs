@@ -50,7 +50,7 @@ type Result<T, E = SchedulerError> = std::result::Result<T, E>;
 /// with its next heartbeat (every 5 s at the broker's default).
 const EPOCH_REFUSED_FOR: Duration = Duration::from_secs(15);
 
-/// Refusals of the group member in a row (see `EPOCH_REFUSED_FOR`).
+/// Refusals of the group member since the last commit (see `EPOCH_REFUSED_FOR`).
 #[derive(Default)]
 struct MemberRefusals {
     since: Option<Instant>,
@@ -89,8 +89,8 @@ pub struct Engine {
     limits: Limits,
     /// Jobs whose records the broker refused (`intake`).
     suspects: Suspects,
-    /// Transactions committed so far.
-    commits: u64,
+    /// Refusals of the group member since the last commit.
+    refusals: MemberRefusals,
 }
 
 impl Engine {
@@ -146,7 +146,7 @@ impl Engine {
             output,
             limits,
             suspects: Suspects::default(),
-            commits: 0,
+            refusals: MemberRefusals::default(),
         })
     }
 
@@ -159,15 +159,8 @@ impl Engine {
         let tick = self.config.scheduler.tick_ms as i64;
         let mut next_tick = ((self.now)() / tick + 1) * tick;
         let mut backoff = Duration::from_millis(100);
-        // Since when every transaction's offset commit has been refused for the group member
-        // (`refused_member`), with no commit since.
-        let mut refusals = MemberRefusals::default();
         while !shutdown.is_cancelled() {
-            let commits = self.commits;
             let step = self.step(&mut next_tick, tick);
-            if self.commits > commits {
-                refusals = MemberRefusals::default();
-            }
             match step {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
@@ -196,15 +189,16 @@ impl Engine {
                         error!(error = %e, "could not recover the producer");
                     }
                     if let Some(how) = refused_member(&e) {
-                        if refusals.refused(how) {
-                            let since = refusals.since.map(|t| t.elapsed().as_millis() as u64);
+                        if self.refusals.refused(how) {
+                            let since =
+                                (self.refusals.since).map(|t| t.elapsed().as_millis() as u64);
                             warn!(refused_for_ms = since, how = ?how,
                                 "the group keeps refusing this member and its consumer has not rejoined; rejoining with a new one");
-                            refusals = MemberRefusals::default();
+                            self.refusals = MemberRefusals::default();
                             if let Err(e) = self.partitions.rejoin(&mut self.ledger) {
                                 error!(error = %e, "could not rejoin the group");
                             }
-                            if let Err(e) = self.producer.renew() {
+                            if let Err(e) = self.producer.recreate() {
                                 error!(error = %e, "could not recreate the producer");
                             }
                         }
@@ -567,7 +561,7 @@ impl Engine {
                     "transaction stored"
                 );
                 self.ledger.committed(&txn.positions, &txn.progress);
-                self.commits += 1;
+                self.refusals.since = None;
                 self.output.committed();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
                 telemetry::transaction_committed(txn.runs, txn.lags, elapsed);

@@ -388,13 +388,6 @@ impl TxnProducer {
         Ok(())
     }
 
-    /// A new producer, initialised before the next transaction begins (`ensure_initialised`):
-    /// when the node rejoins the group, so its first transaction after does not inherit the
-    /// sequence state of the refused ones (it failed with `OUT_OF_ORDER_SEQUENCE_NUMBER`).
-    pub fn renew(&mut self) -> Result<()> {
-        self.recreate()
-    }
-
     /// The highest acknowledged `timers` offset per partition since the last call.
     pub fn take_delivered(&self) -> HashMap<i32, i64> {
         std::mem::take(&mut *self.inner.context().delivered.lock().unwrap())
@@ -409,8 +402,11 @@ impl TxnProducer {
         self.inner.client()
     }
 
-    /// A new producer with the same transactional id, still to be initialised.
-    fn recreate(&mut self) -> Result<()> {
+    /// A new producer with the same transactional id, initialised before the next transaction
+    /// begins (`ensure_initialised`). Also when the node rejoins the group, so its first
+    /// transaction after does not inherit the sequence state of the refused ones (it failed
+    /// with `OUT_OF_ORDER_SEQUENCE_NUMBER`).
+    pub fn recreate(&mut self) -> Result<()> {
         self.inner = new_producer(&self.config, &self.node_id, &self.timers_topic)?;
         self.uninitialised = true;
         Ok(())
@@ -453,12 +449,8 @@ pub(super) fn fenced(e: &SchedulerError) -> bool {
             RDKafkaErrorCode::ProducerFenced
                 | RDKafkaErrorCode::FencedInstanceId
                 | RDKafkaErrorCode::InvalidProducerEpoch
-                | RDKafkaErrorCode::FencedMemberEpoch
-                | RDKafkaErrorCode::StaleMemberEpoch
-                | RDKafkaErrorCode::UnknownMemberId
-                | RDKafkaErrorCode::IllegalGeneration
         )
-    )
+    ) || refused_member(e).is_some()
 }
 
 /// How the group refused this node's member in a transaction's offset commit.
