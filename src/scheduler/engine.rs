@@ -71,6 +71,8 @@ struct Shape {
     now: i64,
     started: Instant,
     fill_ms: u64,
+    /// How long firing the chunk ahead of its transaction took (`Firing::prepare`).
+    prepare_ms: u64,
 }
 
 pub struct Engine {
@@ -361,6 +363,7 @@ impl Engine {
             now,
             started,
             fill_ms,
+            prepare_ms: 0,
         };
         self.conclude(txn, result, shape)
     }
@@ -382,6 +385,7 @@ impl Engine {
             jobs,
             slow,
             due,
+            prepare_ms,
             ..
         } = prepared;
         let filled = self
@@ -401,6 +405,7 @@ impl Engine {
             now,
             started,
             fill_ms,
+            prepare_ms,
         };
         self.conclude(txn, result, shape)?;
         ahead.transpose()
@@ -529,6 +534,7 @@ impl Engine {
             now,
             started,
             fill_ms,
+            prepare_ms,
         } = shape;
         let elapsed = started.elapsed();
         debug!(
@@ -537,6 +543,7 @@ impl Engine {
             runs = txn.runs,
             timers_written = txn.timers_sent,
             fill_ms,
+            prepare_ms,
             elapsed_ms = elapsed.as_millis() as u64,
             ok = result.is_ok(),
             "transaction"

@@ -59,19 +59,23 @@ pub struct Prepared {
     pub due: usize,
     /// The engine's (assignments, releases) when it was fired: it is stale if they changed.
     pub epoch: (u64, u64),
+    /// How long firing it took.
+    pub prepare_ms: u64,
 }
 
 impl Firing<'_> {
     /// Fires `due` as of `now`, into a new transaction's changes (`store.batch()`).
     pub fn prepare(&mut self, due: &[DueEntry], now: i64, epoch: (u64, u64)) -> Result<Prepared> {
+        let started = std::time::Instant::now();
         let mut prepared = Prepared {
-            txn: Txn::new(self.store.batch()),
+            txn: Txn::with_capacity(self.store.batch(), due.len()),
             now,
             out: Vec::with_capacity(due.len()),
             jobs: Vec::with_capacity(due.len()),
             slow: Vec::new(),
             due: due.len(),
             epoch,
+            prepare_ms: 0,
         };
         let mut firable = Vec::with_capacity(due.len());
         for e in due {
@@ -121,6 +125,7 @@ impl Firing<'_> {
                 Err(Fault::Step(e)) => return Err(e),
             }
         }
+        prepared.prepare_ms = started.elapsed().as_millis() as u64;
         Ok(prepared)
     }
 
