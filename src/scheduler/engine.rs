@@ -62,6 +62,11 @@ impl MemberRefusals {
         let since = *self.since.get_or_insert_with(Instant::now);
         how == MemberRefused::Unknown || since.elapsed() >= EPOCH_REFUSED_FOR
     }
+
+    /// A transaction committed, or the node rejoined: the refusals start over.
+    fn clear(&mut self) {
+        self.since = None;
+    }
 }
 
 /// What a transaction carried, for its log line.
@@ -196,7 +201,7 @@ impl Engine {
                                 (self.refusals.since).map(|t| t.elapsed().as_millis() as u64);
                             warn!(refused_for_ms = since, how = ?how,
                                 "the group keeps refusing this member and its consumer has not rejoined; rejoining with a new one");
-                            self.refusals = MemberRefusals::default();
+                            self.refusals.clear();
                             if let Err(e) = self.partitions.rejoin(&mut self.ledger) {
                                 error!(error = %e, "could not rejoin the group");
                             }
@@ -568,7 +573,7 @@ impl Engine {
                     "transaction stored"
                 );
                 self.ledger.committed(&txn.positions, &txn.progress);
-                self.refusals.since = None;
+                self.refusals.clear();
                 self.output.committed();
                 self.status.fires.fetch_add(txn.runs, Ordering::Relaxed);
                 telemetry::transaction_committed(txn.runs, txn.lags, elapsed);
